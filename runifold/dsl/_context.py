@@ -1,0 +1,160 @@
+"""The workflow context and the binding between workflow code and its driver.
+
+Workflow code receives a :class:`WorkflowContext`. Steps and effects find the
+run they belong to through a context variable (an internal detail) holding a
+*binding*: the driver executing the run plus the *scope* of the calling task.
+
+A scope is a task's lineage in the workflow: the root task has scope ``""``,
+and the i-th task created from scope ``s`` has scope ``f"{s}{i}/"``. Call keys
+are ``f"{scope}{id}#{occurrence}"``, so concurrent branches (``asyncio.gather``)
+get the same keys on every replay however their I/O interleaves.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import random
+import uuid as uuid_module
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol, final
+
+from runifold.dsl._definition import EffectSpec, StepSpec
+from runifold.errors import ConfigurationError, InvalidStateError
+
+
+class Scope:
+    """A task lineage with its own occurrence counters."""
+
+    __slots__ = ("_children", "_counters", "path")
+
+    def __init__(self, path: str = "") -> None:
+        self.path = path
+        self._children = 0
+        self._counters: dict[str, int] = {}
+
+    def key(self, call_id: str) -> str:
+        """Return the next key for ``call_id`` in this scope."""
+        n = self._counters.get(call_id, 0) + 1
+        self._counters[call_id] = n
+        return f"{self.path}{call_id}#{n}"
+
+    def child(self) -> Scope:
+        """Return the scope of the next task created from this one."""
+        self._children += 1
+        return Scope(f"{self.path}{self._children}/")
+
+
+class Driver(Protocol):
+    """What executes a run's calls: the live worker or the debug replayer."""
+
+    run_id: str
+    checkpoint_id: str | None
+
+    async def call_step(self, spec: StepSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    async def call_effect(self, spec: EffectSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+    def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any: ...
+
+    def charge(self, scope: Scope, units: float) -> None: ...
+
+    async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None: ...
+
+    async def wait_signal(self, scope: Scope, name: str, timeout: float | None) -> Any: ...
+
+    def store_time(self) -> float: ...
+
+
+class Binding:
+    """The driver and scope of the task running workflow code."""
+
+    __slots__ = ("driver", "scope")
+
+    def __init__(self, driver: Driver, scope: Scope) -> None:
+        self.driver = driver
+        self.scope = scope
+
+
+current: contextvars.ContextVar[Binding | None] = contextvars.ContextVar("runifold_binding", default=None)
+
+
+def _binding() -> Binding:
+    binding = current.get()
+    if binding is None:
+        raise InvalidStateError(
+            "this WorkflowContext method was called outside the workflow's own tasks; call it "
+            "from workflow code, not from inside a step or effect body"
+        )
+    return binding
+
+
+@final
+class WorkflowContext:
+    """Passed to every workflow as its first argument.
+
+    Everything here is deterministic on replay: ``now()``, ``uuid()`` and
+    ``random()`` return the values recorded the first time, and waits resume
+    from the log rather than from a sleeping process.
+    """
+
+    __slots__ = ("_driver",)
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+
+    @property
+    def run_id(self) -> str:
+        """The run's id."""
+        return self._driver.run_id
+
+    @property
+    def checkpoint_id(self) -> str | None:
+        """The caller's durable identity of the run, if it gave one."""
+        return self._driver.checkpoint_id
+
+    def now(self) -> datetime:
+        """Return the current time (store clock, UTC), recorded for replay."""
+        b = _binding()
+        value = b.driver.record_value(b.scope, "now", b.driver.store_time)
+        return datetime.fromtimestamp(float(value), UTC)
+
+    def uuid(self) -> uuid_module.UUID:
+        """Return a random UUID, recorded for replay."""
+        b = _binding()
+        return uuid_module.UUID(b.driver.record_value(b.scope, "uuid", lambda: str(uuid_module.uuid4())))
+
+    def random(self) -> float:
+        """Return a random float in [0, 1), recorded for replay."""
+        b = _binding()
+        return float(b.driver.record_value(b.scope, "random", random.random))
+
+    def charge(self, units: float) -> None:
+        """Charge ``units`` of cost to the run's budget (counted once, never on replay).
+
+        Raises:
+            BudgetExceededError: (failing the run) when the budget's cost units run out.
+        """
+        b = _binding()
+        b.driver.charge(b.scope, float(units))
+
+    async def sleep(self, delay: timedelta) -> None:
+        """Suspend the run for ``delay``; no process waits meanwhile."""
+        b = _binding()
+        await b.driver.sleep(b.scope, delay.total_seconds(), None)
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Suspend the run until ``when`` (an aware datetime) on the store's clock."""
+        if when.tzinfo is None:
+            raise ConfigurationError("sleep_until needs an aware datetime, e.g. datetime.now(UTC)")
+        b = _binding()
+        await b.driver.sleep(b.scope, None, when.timestamp())
+
+    async def wait_signal(self, name: str, timeout: timedelta | None = None) -> Any:
+        """Suspend until signal ``name`` arrives; return its payload.
+
+        Raises:
+            WaitTimeoutError: when ``timeout`` passes first (also on replay).
+        """
+        b = _binding()
+        return await b.driver.wait_signal(b.scope, name, None if timeout is None else timeout.total_seconds())

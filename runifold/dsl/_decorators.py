@@ -1,0 +1,160 @@
+"""``@workflow``, ``@step`` and ``@effect``.
+
+Decorators validate eagerly and attach a frozen spec; they never register
+anything globally. A step or effect called from workflow code is routed to the
+run's driver; called anywhere else it simply runs its body.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from runifold.dsl._context import current
+from runifold.dsl._definition import (
+    WORKFLOW_ATTR,
+    EffectSpec,
+    Evidence,
+    ResumePolicy,
+    RetryPolicy,
+    StepSpec,
+    WorkflowSpec,
+    _ReturnType,
+    positional_params,
+)
+from runifold.errors import ConfigurationError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
+STEP_ATTR = "__runifold_step__"
+
+
+def _check_async(fn: Callable[..., Any], what: str) -> None:
+    if not inspect.iscoroutinefunction(fn):
+        raise ConfigurationError(f"@{what} needs an `async def` function, got {fn!r}")
+
+
+def _check_id(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ConfigurationError(
+            f"{what} id {value!r} is invalid; use letters, digits, '_', '.', '-', starting with a letter"
+        )
+    return value
+
+
+def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Declare an ``async def`` as workflow ``name`` at ``version``.
+
+    The function takes a :class:`WorkflowContext` first, then its input as
+    keyword-compatible parameters. It is returned unchanged, with its spec
+    attached; hand it to a :class:`WorkflowDefinition` to register it.
+    """
+    _check_id(name, "workflow")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigurationError(f"workflow version must be an integer >= 1, got {version!r}")
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        _check_async(fn, "workflow")
+        params = positional_params(fn, 0)
+        if not params:
+            raise ConfigurationError(f"workflow {name!r} must take the WorkflowContext as its first parameter")
+        setattr(fn, WORKFLOW_ATTR, WorkflowSpec(name, version, fn, params[1:]))
+        return fn
+
+    return decorate
+
+
+def step(
+    *, id: str | None = None, retry: RetryPolicy | None = None, requires: str | None = None
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Declare a durable step: its result is recorded and never recomputed on replay.
+
+    Args:
+        id: the step's stable id in histories (default: the function's name).
+            Treat it like a database column name: renaming it breaks running workflows.
+        retry: retry policy for exceptions the body raises (default: 3 attempts).
+        requires: a capability the workflow definition must be granted.
+    """
+
+    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        _check_async(fn, "step")
+        spec = StepSpec(_check_id(id or fn.__name__, "step"), fn, retry or RetryPolicy(), requires, _ReturnType(fn))
+
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            binding = current.get()
+            if binding is None:
+                return await fn(*args, **kwargs)
+            result: R = await binding.driver.call_step(spec, binding.scope, args, kwargs)
+            return result
+
+        setattr(call, STEP_ATTR, spec)
+        return call
+
+    return decorate
+
+
+def effect(
+    *,
+    id: str | None = None,
+    resume: ResumePolicy = ResumePolicy.RECONCILE,
+    reconcile: Callable[..., Awaitable[Evidence]] | None = None,
+    retry: RetryPolicy | None = None,
+    requires: str | None = None,
+    timeout: timedelta | None = None,
+) -> Callable[[Callable[Concatenate[str, P], Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    """Declare an effect: a call to the outside world whose outcome may be unknown.
+
+    The body receives the effect's idempotency key first, then the caller's
+    arguments; ``reconcile`` (required for ``RECONCILE``) receives the same and
+    returns :class:`Evidence`. A ``TimeoutError``, ``ConnectionError`` or
+    :class:`EffectOutcomeUnknown` from the body, or passing ``timeout``, makes the
+    outcome *unknown* and goes through ``resume``; any other exception is a
+    definite failure and goes through ``retry``.
+    """
+    if not isinstance(resume, ResumePolicy):
+        raise ConfigurationError(f"resume must be a ResumePolicy, got {resume!r}")
+    if resume is ResumePolicy.RECONCILE and reconcile is None:
+        raise ConfigurationError(
+            "an effect with ResumePolicy.RECONCILE needs reconcile=<async function returning Evidence>; "
+            "or choose ResumePolicy.REPEAT (idempotent by key) or ResumePolicy.MANUAL"
+        )
+    if reconcile is not None:
+        _check_async(reconcile, "effect reconcile")
+    if timeout is not None and timeout <= timedelta(0):
+        raise ConfigurationError(f"effect timeout must be positive, got {timeout}")
+
+    def decorate(fn: Callable[Concatenate[str, P], Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        _check_async(fn, "effect")
+        if not positional_params(fn, 0):
+            raise ConfigurationError(f"effect {fn.__name__!r} must take the idempotency key as its first parameter")
+        spec = EffectSpec(
+            _check_id(id or fn.__name__, "effect"), fn, resume, reconcile, retry or RetryPolicy(),
+            requires, timeout, _ReturnType(fn),
+        )
+
+        @functools.wraps(fn)
+        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+            binding = current.get()
+            if binding is None:
+                raise ConfigurationError(
+                    f"effect {spec.id!r} was called outside a workflow; effects need a run to derive "
+                    "their idempotency key from. Call the undecorated body directly in tests"
+                )
+            result: R = await binding.driver.call_effect(spec, binding.scope, args, kwargs)
+            return result
+
+        setattr(call, STEP_ATTR, spec)
+        return call
+
+    return decorate
+
+
+class EffectOutcomeUnknown(Exception):
+    """Raise from an effect body when it cannot tell whether the call took effect."""

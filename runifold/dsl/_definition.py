@@ -1,0 +1,253 @@
+"""Frozen specifications attached by the decorators, and the definition types."""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import random
+import typing
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, final
+
+from runifold.errors import ConfigurationError
+
+WORKFLOW_ATTR = "__runifold_workflow__"
+
+
+def _positive(name: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ConfigurationError(f"{name} must be positive, got {value!r}")
+
+
+@final
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often a failing step or effect is tried, and how long to back off.
+
+    Attempt ``n`` (``n >= 2``) waits ``initial * factor ** (n - 2)``, capped at
+    ``maximum`` and spread by ``±jitter`` (a fraction). The run is rescheduled
+    for that time; no worker sleeps.
+    """
+
+    max_attempts: int = 3
+    initial: timedelta = timedelta(seconds=1)
+    factor: float = 2.0
+    maximum: timedelta = timedelta(minutes=5)
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ConfigurationError(f"RetryPolicy.max_attempts must be at least 1, got {self.max_attempts}")
+        if self.initial < timedelta(0) or self.maximum < timedelta(0) or self.factor < 1:
+            raise ConfigurationError("RetryPolicy needs initial, maximum >= 0 and factor >= 1")
+        if not 0 <= self.jitter < 1:
+            raise ConfigurationError(f"RetryPolicy.jitter must be in [0, 1), got {self.jitter}")
+
+    def backoff(self, next_attempt: int, rng: random.Random | None = None) -> float:
+        """Return the delay in seconds before ``next_attempt``."""
+        base = self.initial.total_seconds() * self.factor ** max(0, next_attempt - 2)
+        base = min(base, self.maximum.total_seconds())
+        spread = (rng or random).uniform(-self.jitter, self.jitter)
+        return max(0.0, base * (1 + spread))
+
+
+class ResumePolicy(enum.StrEnum):
+    """What recovery does with an effect that started and never completed."""
+
+    REPEAT = "repeat"
+    RECONCILE = "reconcile"
+    MANUAL = "manual"
+
+
+@final
+@dataclass(frozen=True)
+class Evidence:
+    """What a reconcile function found outside: applied, not applied, or unknown."""
+
+    verdict: str
+    result: Any = None
+    detail: str = ""
+
+    @classmethod
+    def applied(cls, result: Any, detail: str = "") -> Evidence:
+        """The effect took place; ``result`` is what its body would have returned."""
+        return cls("applied", result, detail)
+
+    @classmethod
+    def not_applied(cls, detail: str = "") -> Evidence:
+        """The effect certainly did not take place; it is safe to run it."""
+        return cls("not_applied", None, detail)
+
+    @classmethod
+    def unknown(cls, detail: str = "") -> Evidence:
+        """No evidence either way; the effect becomes ambiguous."""
+        return cls("unknown", None, detail)
+
+
+@final
+@dataclass(frozen=True)
+class Budget:
+    """Limits on what one run may consume. ``None`` means unlimited.
+
+    Defaults: 10,000 live step executions, 1,000 effect attempts, 1,000
+    retries, unlimited cost units and elapsed time.
+    """
+
+    max_steps: int | None = 10_000
+    max_effect_attempts: int | None = 1_000
+    max_retries: int | None = 1_000
+    max_cost_units: float | None = None
+    max_elapsed: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "max_effect_attempts", "max_retries", "max_cost_units"):
+            _positive(f"Budget.{name}", getattr(self, name))
+        if self.max_elapsed is not None:
+            _positive("Budget.max_elapsed", self.max_elapsed.total_seconds())
+
+
+@final
+class CapabilitySet:
+    """The capabilities a workflow definition is granted (``"payments"``, ...)."""
+
+    __slots__ = ("_names",)
+
+    def __init__(self, *names: str) -> None:
+        for name in names:
+            if not isinstance(name, str) or not name:
+                raise ConfigurationError(f"capability names are non-empty strings, got {name!r}")
+        self._names = frozenset(names)
+
+    def allows(self, name: str) -> bool:
+        """Tell whether ``name`` is granted."""
+        return name in self._names
+
+    def __iter__(self) -> typing.Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __repr__(self) -> str:
+        return f"CapabilitySet({', '.join(repr(n) for n in self)})"
+
+
+@dataclass(frozen=True)
+class _ReturnType:
+    """The annotated return type of a function, resolved on first use."""
+
+    fn: Callable[..., Any]
+    cache: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def get(self) -> Any:
+        if "t" not in self.cache:
+            try:
+                hints = typing.get_type_hints(self.fn)
+            except Exception:  # unresolved forward references: decode as plain data
+                hints = {}
+            self.cache["t"] = hints.get("return", Any)
+        return self.cache["t"]
+
+
+@final
+@dataclass(frozen=True)
+class StepSpec:
+    """A step as declared by ``@step``."""
+
+    id: str
+    fn: Callable[..., Awaitable[Any]]
+    retry: RetryPolicy
+    requires: str | None
+    returns: _ReturnType
+
+
+@final
+@dataclass(frozen=True)
+class EffectSpec:
+    """An effect as declared by ``@effect``."""
+
+    id: str
+    fn: Callable[..., Awaitable[Any]]
+    resume: ResumePolicy
+    reconcile: Callable[..., Awaitable[Evidence]] | None
+    retry: RetryPolicy
+    requires: str | None
+    timeout: timedelta | None
+    returns: _ReturnType
+
+
+@final
+@dataclass(frozen=True)
+class WorkflowSpec:
+    """A workflow as declared by ``@workflow``."""
+
+    name: str
+    version: int
+    fn: Callable[..., Awaitable[Any]]
+    params: tuple[str, ...]
+
+    def param_types(self) -> dict[str, Any]:
+        """Return the annotated type of each input parameter (``Any`` if none)."""
+        try:
+            hints = typing.get_type_hints(self.fn)
+        except Exception:
+            hints = {}
+        return {p: hints.get(p, Any) for p in self.params}
+
+
+@final
+class WorkflowDefinition:
+    """An exact ``(name, version)`` of a workflow with its budget and capabilities.
+
+    Args:
+        fn: an ``async def`` decorated with ``@workflow``.
+        budget: limits for each run.
+        capabilities: what its steps and effects may do.
+        signals: for each signal name the workflow accepts, the senders allowed
+            to send it (``"*"`` admits any authenticated sender).
+    """
+
+    __slots__ = ("budget", "capabilities", "fn", "signals", "spec")
+
+    def __init__(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        budget: Budget | None = None,
+        capabilities: CapabilitySet | None = None,
+        *,
+        signals: Mapping[str, Collection[str]] | None = None,
+    ) -> None:
+        spec = getattr(fn, WORKFLOW_ATTR, None)
+        if not isinstance(spec, WorkflowSpec):
+            raise ConfigurationError(
+                f"{getattr(fn, '__qualname__', fn)!r} is not a workflow; decorate it with "
+                "@workflow(name, version)"
+            )
+        self.fn = fn
+        self.spec = spec
+        self.budget = budget or Budget()
+        self.capabilities = capabilities or CapabilitySet()
+        self.signals: dict[str, frozenset[str]] = {
+            name: frozenset(senders) for name, senders in (signals or {}).items()
+        }
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def version(self) -> int:
+        return self.spec.version
+
+    def allows_signal(self, name: str, sender: str) -> bool:
+        """Tell whether ``sender`` may send signal ``name`` to runs of this definition."""
+        senders = self.signals.get(name)
+        return senders is not None and ("*" in senders or sender in senders)
+
+    def __repr__(self) -> str:
+        return f"WorkflowDefinition({self.name!r}, version={self.version})"
+
+
+def positional_params(fn: Callable[..., Any], skip: int) -> tuple[str, ...]:
+    """Return the names of ``fn``'s parameters after the first ``skip``."""
+    params = list(inspect.signature(fn).parameters.values())[skip:]
+    return tuple(p.name for p in params)

@@ -1,0 +1,222 @@
+"""Every exception runifold raises, in one tree.
+
+::
+
+    RunifoldError
+    ├── ConfigurationError        a value type or decorator argument is invalid
+    ├── RegistrationError         duplicate (name, version) in a registry
+    ├── UnknownWorkflowError      a task names a workflow nobody registered
+    ├── InvalidInputError         a task's input does not fit the workflow's signature
+    ├── EnqueueConflictError      checkpoint id reused with a different task
+    ├── RunNotFoundError          no run with that id or checkpoint id
+    ├── InvalidStateError         the operation does not fit the run's state
+    ├── LeaseLostError            a commit or renewal was fenced off
+    ├── NondeterminismError       code and recorded history disagree
+    ├── SerializationError        a value cannot be encoded or a row cannot be decoded
+    ├── StoreError                the store's driver failed (translated at the boundary)
+    │   └── StoreUnavailableError the store could not be reached or stayed busy
+    ├── SignalRejectedError       a signal failed authentication, freshness or scope
+    ├── RunFailure                why a run was failed by the engine
+    │   ├── BudgetExceededError
+    │   └── CapabilityDeniedError
+    └── WorkflowError             raised *inside* workflow code; catch it there
+        ├── StepFailedError       a step exhausted its retry policy
+        ├── EffectFailedError     an effect failed definitely or an operator failed it
+        └── WaitTimeoutError      a signal did not arrive before its timeout
+
+Every message says what to do next. Exceptions carry their facts as attributes,
+so callers never parse messages.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetExceededError",
+    "CapabilityDeniedError",
+    "ConfigurationError",
+    "EffectFailedError",
+    "EnqueueConflictError",
+    "InvalidInputError",
+    "InvalidStateError",
+    "LeaseLostError",
+    "NondeterminismError",
+    "RegistrationError",
+    "RunFailure",
+    "RunNotFoundError",
+    "RunifoldError",
+    "SerializationError",
+    "SignalRejectedError",
+    "StepFailedError",
+    "StoreError",
+    "StoreUnavailableError",
+    "UnknownWorkflowError",
+    "WaitTimeoutError",
+    "WorkflowError",
+]
+
+
+class RunifoldError(Exception):
+    """Base of every error runifold raises."""
+
+
+class ConfigurationError(RunifoldError, ValueError):
+    """A value type, decorator or option was given an invalid value."""
+
+
+class RegistrationError(RunifoldError):
+    """A definition cannot be registered (for example, a duplicate version)."""
+
+
+class UnknownWorkflowError(RunifoldError):
+    """A task names a (name, version) that the registry does not hold."""
+
+    def __init__(self, name: str, version: int, known: list[tuple[str, int]]) -> None:
+        self.name = name
+        self.version = version
+        self.known = known
+        listing = ", ".join(f"{n} v{v}" for n, v in known) or "none"
+        super().__init__(
+            f"no workflow {name!r} version {version} is registered (registered: {listing}); "
+            "register its WorkflowDefinition or fix the task's name and version"
+        )
+
+
+class InvalidInputError(RunifoldError):
+    """A task's input cannot be passed to the workflow function."""
+
+
+class EnqueueConflictError(RunifoldError):
+    """A checkpoint id already names a run of a different task."""
+
+    def __init__(self, checkpoint_id: str, run_id: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        self.run_id = run_id
+        super().__init__(
+            f"checkpoint id {checkpoint_id!r} already names run {run_id} with a different "
+            "name, version or input; use a new checkpoint id for a new run"
+        )
+
+
+class RunNotFoundError(RunifoldError):
+    """No run has the given run id or checkpoint id."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+        super().__init__(f"no run with id or checkpoint id {ref!r}; list runs with `runifold runs list`")
+
+
+class InvalidStateError(RunifoldError):
+    """The operation does not apply to the run in its current state."""
+
+
+class LeaseLostError(RunifoldError):
+    """The worker no longer holds the run's lease; nothing was written."""
+
+    def __init__(self, run_id: str, detail: str = "") -> None:
+        self.run_id = run_id
+        super().__init__(
+            f"lease on run {run_id} was lost{': ' + detail if detail else ''}; "
+            "nothing was written, another worker may continue the run"
+        )
+
+
+class NondeterminismError(RunifoldError):
+    """Workflow code no longer matches the history recorded for the run."""
+
+    def __init__(self, key: str, recorded: str, called: str, detail: str = "") -> None:
+        self.key = key
+        self.recorded = recorded
+        self.called = called
+        super().__init__(
+            f"workflow code diverges from its history at key {key!r}: history recorded "
+            f"{recorded}, code called {called}{'; ' + detail if detail else ''}. Restore the "
+            "previous code for running workflows or register the change as a new version"
+        )
+
+
+class SerializationError(RunifoldError):
+    """A value cannot be encoded for the log, or a stored row cannot be decoded."""
+
+
+class StoreError(RunifoldError):
+    """The store's database driver reported an error."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store could not be reached, or stayed busy past its retry budget."""
+
+
+class SignalRejectedError(RunifoldError):
+    """A signal was refused; no run state changed."""
+
+    def __init__(self, verdict: str, reason: str) -> None:
+        self.verdict = verdict
+        self.reason = reason
+        super().__init__(f"signal rejected ({verdict}): {reason}")
+
+
+class RunFailure(RunifoldError):
+    """The engine failed a run on purpose (budget, capability)."""
+
+
+class BudgetExceededError(RunFailure):
+    """A run exceeded one of its budget's limits."""
+
+    def __init__(self, limit: str, used: float, allowed: float) -> None:
+        self.limit = limit
+        self.used = used
+        self.allowed = allowed
+        super().__init__(
+            f"budget exceeded: {limit} would reach {used:g}, the budget allows {allowed:g}; "
+            "raise the Budget of this definition or split the work"
+        )
+
+
+class CapabilityDeniedError(RunFailure):
+    """A step or effect requires a capability the definition was not granted."""
+
+    def __init__(self, key: str, capability: str) -> None:
+        self.key = key
+        self.capability = capability
+        super().__init__(
+            f"{key} requires capability {capability!r}, which this workflow definition is not "
+            "granted; add it to the definition's CapabilitySet"
+        )
+
+
+class WorkflowError(RunifoldError):
+    """Raised inside workflow code; the workflow may catch it."""
+
+
+class StepFailedError(WorkflowError):
+    """A step failed on every attempt its retry policy allowed."""
+
+    def __init__(self, key: str, error: str, attempts: int) -> None:
+        self.key = key
+        self.error = error
+        self.attempts = attempts
+        super().__init__(f"step {key} failed after {attempts} attempt(s): {error}")
+
+
+class EffectFailedError(WorkflowError):
+    """An effect failed definitely, or an operator resolved it as failed."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"effect {key} failed: {reason}")
+
+
+class WaitTimeoutError(WorkflowError):
+    """A signal wait reached its timeout before the signal arrived."""
+
+    def __init__(self, key: str, name: str) -> None:
+        self.key = key
+        self.name = name
+        super().__init__(f"no {name!r} signal arrived before the timeout of wait {key}")
+
+
+def describe(exc: BaseException) -> str:
+    """Return ``Type: message`` for recording an exception in the history."""
+    return f"{type(exc).__name__}: {exc}"
+

@@ -1,0 +1,73 @@
+"""The pure core: events, codec, replayer and checkpoint fold. No I/O here."""
+
+from runifold.history._calls import (
+    Ambiguous,
+    Done,
+    EffectState,
+    Failed,
+    Fresh,
+    InDoubt,
+    RetryDue,
+    StepState,
+    TimerDone,
+    TimerPending,
+    WaitPending,
+    WaitReceived,
+    WaitState,
+    WaitTimedOut,
+    effect_state,
+    step_state,
+    timer_state,
+    wait_state,
+)
+from runifold.history._checkpoint import Checkpoint, Phase, Usage, Wait, fold
+from runifold.history._codec import (
+    convert,
+    decode_event,
+    decode_value,
+    encode_event,
+    encode_value,
+    to_plain,
+)
+from runifold.history._events import (
+    TERMINAL_EVENTS,
+    AnyEvent,
+    EffectAmbiguous,
+    EffectCompleted,
+    EffectFailed,
+    EffectReconciled,
+    EffectResolved,
+    EffectStarted,
+    Entry,
+    Event,
+    Resolution,
+    RunCancelled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    SignalReceived,
+    SignalTimedOut,
+    SignalWaitStarted,
+    StepCompleted,
+    StepFailed,
+    TimerFired,
+    TimerStarted,
+    UsageCharged,
+    ValueRecorded,
+    Verdict,
+    type_tag,
+)
+from runifold.history._replayer import CallKind, Replayer, kind_of
+
+__all__ = [
+    "TERMINAL_EVENTS", "Ambiguous", "AnyEvent", "CallKind", "Checkpoint", "Done",
+    "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
+    "EffectResolved", "EffectStarted", "EffectState", "Entry", "Event", "Failed", "Fresh",
+    "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",
+    "RunFailed", "RunStarted", "SignalReceived", "SignalTimedOut", "SignalWaitStarted",
+    "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
+    "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
+    "WaitReceived", "WaitState", "WaitTimedOut", "convert", "decode_event", "decode_value",
+    "effect_state", "encode_event", "encode_value", "fold", "kind_of", "step_state",
+    "timer_state", "to_plain", "type_tag", "wait_state",
+]

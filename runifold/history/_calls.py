@@ -1,0 +1,193 @@
+"""What the recorded events of one call key mean: a small state machine per kind.
+
+Pure functions over the events a key has in the log, in log order. The worker
+asks them what to do next; the debug replayer asks the same questions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, assert_never
+
+from runifold.history._events import (
+    AnyEvent,
+    EffectAmbiguous,
+    EffectCompleted,
+    EffectFailed,
+    EffectReconciled,
+    EffectResolved,
+    EffectStarted,
+    Resolution,
+    SignalReceived,
+    SignalTimedOut,
+    SignalWaitStarted,
+    StepCompleted,
+    StepFailed,
+    TimerFired,
+    TimerStarted,
+    Verdict,
+)
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """Nothing decided yet: run the call live as ``attempt``."""
+
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Done:
+    """The call's outcome is recorded; return ``output`` without running anything."""
+
+    output: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The call failed for good; raise into the workflow."""
+
+    error: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class RetryDue:
+    """A failed attempt was rescheduled; the next attempt may run from ``retry_at``."""
+
+    attempt: int
+    retry_at: float
+
+
+@dataclass(frozen=True)
+class InDoubt:
+    """An effect started and nothing after it was recorded: outcome unknown."""
+
+    attempt: int
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class Ambiguous:
+    """An effect is parked until an operator resolves it."""
+
+    reason: str
+    attempt: int
+
+
+StepState = Fresh | Done | Failed | RetryDue
+EffectState = Fresh | Done | Failed | RetryDue | InDoubt | Ambiguous
+
+
+def step_state(events: Sequence[AnyEvent]) -> StepState:
+    """Fold the events of one step key."""
+    state: StepState = Fresh()
+    for event in events:
+        match event:
+            case StepCompleted(output=output):
+                state = Done(output)
+            case StepFailed(error=error, attempt=attempt, retry_at=None):
+                state = Failed(error, attempt)
+            case StepFailed(attempt=attempt, retry_at=float() as retry_at):
+                state = RetryDue(attempt + 1, retry_at)
+            case _:
+                pass
+    return state
+
+
+def effect_state(events: Sequence[AnyEvent]) -> EffectState:
+    """Fold the events of one effect key."""
+    state: EffectState = Fresh()
+    attempt = 0
+    for event in events:
+        match event:
+            case EffectStarted(attempt=a, idempotency_key=idem):
+                attempt = a
+                state = InDoubt(a, idem)
+            case EffectCompleted(output=output):
+                state = Done(output)
+            case EffectFailed(error=error, attempt=a, retry_at=None):
+                state = Failed(error, a)
+            case EffectFailed(attempt=a, retry_at=float() as retry_at):
+                state = RetryDue(a + 1, retry_at)
+            case EffectReconciled(verdict=Verdict.APPLIED, output=output):
+                state = Done(output)
+            case EffectReconciled(verdict=Verdict.NOT_APPLIED):
+                state = Fresh(attempt + 1)
+            case EffectReconciled(verdict=Verdict.UNKNOWN):
+                pass  # an EffectAmbiguous follows in the same commit
+            case EffectAmbiguous(reason=reason):
+                state = Ambiguous(reason, attempt)
+            case EffectResolved(resolution=resolution, output=output, reason=reason):
+                match resolution:
+                    case Resolution.APPLIED:
+                        state = Done(output)
+                    case Resolution.RETRY:
+                        state = Fresh(attempt + 1)
+                    case Resolution.FAIL:
+                        state = Failed(f"resolved as failed by an operator: {reason}", attempt)
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case _:
+                pass
+    return state
+
+
+@dataclass(frozen=True)
+class TimerPending:
+    fire_at: float
+
+
+@dataclass(frozen=True)
+class TimerDone:
+    pass
+
+
+def timer_state(events: Sequence[AnyEvent]) -> Fresh | TimerPending | TimerDone:
+    """Fold the events of one timer key."""
+    state: Fresh | TimerPending | TimerDone = Fresh()
+    for event in events:
+        match event:
+            case TimerStarted(fire_at=fire_at):
+                state = TimerPending(fire_at)
+            case TimerFired():
+                state = TimerDone()
+            case _:
+                pass
+    return state
+
+
+@dataclass(frozen=True)
+class WaitPending:
+    name: str
+    deadline: float | None
+
+
+@dataclass(frozen=True)
+class WaitReceived:
+    payload: Any
+
+
+@dataclass(frozen=True)
+class WaitTimedOut:
+    name: str
+
+
+WaitState = Fresh | WaitPending | WaitReceived | WaitTimedOut
+
+
+def wait_state(events: Sequence[AnyEvent]) -> WaitState:
+    """Fold the events of one signal-wait key."""
+    state: WaitState = Fresh()
+    for event in events:
+        match event:
+            case SignalWaitStarted(name=name, deadline=deadline):
+                state = WaitPending(name, deadline)
+            case SignalReceived(payload=payload):
+                state = WaitReceived(payload)
+            case SignalTimedOut(name=name):
+                state = WaitTimedOut(name)
+            case _:
+                pass
+    return state

@@ -1,0 +1,177 @@
+"""The event types of a run's append-only log.
+
+Each event is a frozen ``msgspec.Struct`` in one tagged union. Tags are stable
+snake_case strings stored in every row, so renaming a class never breaks a
+stored history. New fields get defaults; existing fields never change type.
+
+Times are seconds since the epoch on the *store's* clock.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
+    """Base of every event. ``key`` names the workflow call an event belongs to."""
+
+    key: str = ""
+
+
+class RunStarted(Event, frozen=True, tag="run_started", kw_only=True):
+    name: str
+    version: int
+    input: dict[str, Any]
+    checkpoint_id: str | None = None
+
+
+class StepCompleted(Event, frozen=True, tag="step_completed", kw_only=True):
+    output: Any
+    attempt: int = 1
+
+
+class StepFailed(Event, frozen=True, tag="step_failed", kw_only=True):
+    error: str
+    attempt: int
+    retry_at: float | None = None  # None: retries exhausted, the failure is final
+
+
+class EffectStarted(Event, frozen=True, tag="effect_started", kw_only=True):
+    idempotency_key: str
+    attempt: int
+
+
+class EffectCompleted(Event, frozen=True, tag="effect_completed", kw_only=True):
+    output: Any
+    attempt: int
+
+
+class EffectFailed(Event, frozen=True, tag="effect_failed", kw_only=True):
+    error: str
+    attempt: int
+    retry_at: float | None = None
+
+
+class Verdict(enum.StrEnum):
+    """What a reconcile function found out about an effect in doubt."""
+
+    APPLIED = "applied"
+    NOT_APPLIED = "not_applied"
+    UNKNOWN = "unknown"
+
+
+class EffectReconciled(Event, frozen=True, tag="effect_reconciled", kw_only=True):
+    verdict: Verdict
+    output: Any = None
+    detail: str = ""
+
+
+class EffectAmbiguous(Event, frozen=True, tag="effect_ambiguous", kw_only=True):
+    reason: str
+
+
+class Resolution(enum.StrEnum):
+    """How an operator settled an ambiguous effect."""
+
+    APPLIED = "applied"
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+class EffectResolved(Event, frozen=True, tag="effect_resolved", kw_only=True):
+    resolution: Resolution
+    by: str
+    reason: str
+    output: Any = None
+
+
+class ValueRecorded(Event, frozen=True, tag="value_recorded", kw_only=True):
+    """A ``ctx.now()``, ``ctx.uuid()`` or ``ctx.random()`` result."""
+
+    value: Any
+
+
+class UsageCharged(Event, frozen=True, tag="usage_charged", kw_only=True):
+    units: float
+
+
+class TimerStarted(Event, frozen=True, tag="timer_started", kw_only=True):
+    fire_at: float
+
+
+class TimerFired(Event, frozen=True, tag="timer_fired", kw_only=True):
+    fired_at: float
+
+
+class SignalWaitStarted(Event, frozen=True, tag="signal_wait_started", kw_only=True):
+    name: str
+    deadline: float | None = None
+
+
+class SignalReceived(Event, frozen=True, tag="signal_received", kw_only=True):
+    name: str
+    payload: Any
+    signal_id: str
+    sender: str
+    reason: str
+    received_at: float
+
+
+class SignalTimedOut(Event, frozen=True, tag="signal_timed_out", kw_only=True):
+    name: str
+
+
+class RunCompleted(Event, frozen=True, tag="run_completed", kw_only=True):
+    output: Any
+
+
+class RunFailed(Event, frozen=True, tag="run_failed", kw_only=True):
+    reason: str
+
+
+class RunCancelled(Event, frozen=True, tag="run_cancelled", kw_only=True):
+    by: str
+    reason: str
+
+
+AnyEvent = (
+    RunStarted
+    | StepCompleted
+    | StepFailed
+    | EffectStarted
+    | EffectCompleted
+    | EffectFailed
+    | EffectReconciled
+    | EffectAmbiguous
+    | EffectResolved
+    | ValueRecorded
+    | UsageCharged
+    | TimerStarted
+    | TimerFired
+    | SignalWaitStarted
+    | SignalReceived
+    | SignalTimedOut
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+)
+
+TERMINAL_EVENTS = (RunCompleted, RunFailed, RunCancelled)
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """One stored event: its sequence number, commit time and body."""
+
+    seq: int
+    at: float
+    event: AnyEvent
+
+
+def type_tag(event: Event) -> str:
+    """Return the stable tag stored with ``event``."""
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag

@@ -1,0 +1,183 @@
+"""The replayer: matches workflow calls against a recorded history.
+
+A workflow run is re-executed from the top on every claim. Each call the code
+makes (a step, an effect, a wait, ``ctx.now()``...) carries a deterministic key:
+its id, its occurrence, and the lineage of the task that made it. The replayer
+answers, for each key, what history recorded, and notices where code and history
+part. It performs no I/O and knows nothing of asyncio.
+
+Divergence rules:
+
+* a key recorded as one kind of call and called as another diverges;
+* within one task lineage (*scope*), calls happen one after another, so their
+  recorded positions must increase: a recorded key called after a later one,
+  or after a key history never saw, means the code was reordered or changed;
+* before anything runs live, every recorded key must have been visited: an
+  unvisited one was removed or renamed (:meth:`Replayer.check_all_visited`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Sequence
+
+from runifold.errors import NondeterminismError, SerializationError
+from runifold.history._events import (
+    AnyEvent,
+    EffectAmbiguous,
+    EffectCompleted,
+    EffectFailed,
+    EffectReconciled,
+    EffectResolved,
+    EffectStarted,
+    Entry,
+    RunStarted,
+    SignalReceived,
+    SignalTimedOut,
+    SignalWaitStarted,
+    StepCompleted,
+    StepFailed,
+    TimerFired,
+    TimerStarted,
+    UsageCharged,
+    ValueRecorded,
+)
+
+
+class CallKind(enum.StrEnum):
+    """The kind of workflow call a key belongs to."""
+
+    STEP = "step"
+    EFFECT = "effect"
+    VALUE = "value"
+    CHARGE = "charge"
+    TIMER = "timer"
+    SIGNAL = "signal"
+
+
+def kind_of(event: AnyEvent) -> CallKind | None:
+    """Return the call kind an event records, or None for run-level events."""
+    match event:
+        case StepCompleted() | StepFailed():
+            return CallKind.STEP
+        case (
+            EffectStarted()
+            | EffectCompleted()
+            | EffectFailed()
+            | EffectReconciled()
+            | EffectAmbiguous()
+            | EffectResolved()
+        ):
+            return CallKind.EFFECT
+        case ValueRecorded():
+            return CallKind.VALUE
+        case UsageCharged():
+            return CallKind.CHARGE
+        case TimerStarted() | TimerFired():
+            return CallKind.TIMER
+        case SignalWaitStarted() | SignalReceived() | SignalTimedOut():
+            return CallKind.SIGNAL
+        case _:
+            return None
+
+
+class Replayer:
+    """Index of a run's history by call key, with divergence checks."""
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        if not entries or not isinstance(entries[0].event, RunStarted):
+            raise SerializationError(
+                "history does not begin with run_started; the run's rows are corrupt or "
+                "incomplete: restore them from a backup"
+            )
+        self.started: RunStarted = entries[0].event
+        self.started_at: float = entries[0].at
+        self.revision: int = entries[-1].seq
+        self._events: dict[str, list[AnyEvent]] = {}
+        self._kind: dict[str, CallKind] = {}
+        self._position: dict[str, int] = {}
+        self._recorded_order: list[str] = []
+        self._visited: set[str] = set()
+        self._scope_last: dict[str, tuple[float, str]] = {}
+        self._absorb(entries, visited=False)
+
+    # -- building --------------------------------------------------------
+
+    def _absorb(self, entries: Iterable[Entry], *, visited: bool) -> None:
+        for entry in entries:
+            self.revision = max(self.revision, entry.seq)
+            kind = kind_of(entry.event)
+            key = entry.event.key
+            if kind is None or not key:
+                continue
+            if key not in self._events:
+                self._events[key] = []
+                self._kind[key] = kind
+                self._position[key] = entry.seq
+                if visited:
+                    self._visited.add(key)
+                else:
+                    self._recorded_order.append(key)
+            self._events[key].append(entry.event)
+
+    def extend(self, entries: Iterable[Entry]) -> None:
+        """Add events this execution committed itself (already visited)."""
+        self._absorb(entries, visited=True)
+
+    # -- queries ------------------------------------------------------------
+
+    def events(self, key: str) -> list[AnyEvent]:
+        """Return the events recorded for ``key`` (empty when it is new)."""
+        return list(self._events.get(key, ()))
+
+    def is_recorded(self, key: str) -> bool:
+        """Tell whether history holds any event for ``key``."""
+        return key in self._events
+
+    def visit(self, key: str, kind: CallKind, scope: str) -> list[AnyEvent]:
+        """Record that the code called ``key``; return its recorded events.
+
+        Raises:
+            NondeterminismError: the key was recorded as another kind of call,
+                or the scope calls it out of its recorded order.
+        """
+        recorded_kind = self._kind.get(key)
+        if recorded_kind is not None and recorded_kind is not kind:
+            raise NondeterminismError(
+                key, recorded=f"a {recorded_kind} call", called=f"a {kind} call"
+            )
+        position: float = self._position.get(key, math.inf)
+        last = self._scope_last.get(scope)
+        if last is not None and position < last[0]:
+            raise NondeterminismError(
+                key,
+                recorded=f"{key} before {last[1]}",
+                called=f"{last[1]} before {key}",
+                detail="calls were reordered or one was inserted",
+            )
+        self._scope_last[scope] = (position, key)
+        self._visited.add(key)
+        return self.events(key)
+
+    def first_unvisited(self) -> str | None:
+        """Return the earliest recorded key the code has not called, if any."""
+        for key in self._recorded_order:
+            if key not in self._visited:
+                return key
+        return None
+
+    def check_all_visited(self, called: str) -> None:
+        """Raise if a recorded call was skipped before ``called`` runs live.
+
+        Raises:
+            NondeterminismError: naming the first recorded key not called.
+        """
+        missing = self.first_unvisited()
+        if missing is not None:
+            raise NondeterminismError(
+                missing,
+                recorded=f"{self._kind[missing]} call {missing}",
+                called=called,
+                detail="a call was removed or renamed",
+            )

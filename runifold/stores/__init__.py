@@ -1,0 +1,35 @@
+"""Stores: the ``WorkflowStore`` protocol and its implementations.
+
+``runifold.stores.memory``, ``runifold.stores.sqlite`` and
+``runifold.stores.postgres`` hold the implementations; :func:`open_store`
+chooses one by URL.
+"""
+
+from runifold.stores._open import open_store
+from runifold.stores._protocol import (
+    AuditRecord,
+    Claim,
+    CommitResult,
+    Continue,
+    EnqueueResult,
+    EventRow,
+    Finish,
+    InboxSignal,
+    Lease,
+    Reschedule,
+    RunInfo,
+    RunStatus,
+    SignalDelivery,
+    SignalReceipt,
+    StoredEvent,
+    Suspend,
+    Transition,
+    WorkflowStore,
+    WorkflowTask,
+)
+
+__all__ = [
+    "AuditRecord", "Claim", "CommitResult", "Continue", "EnqueueResult", "EventRow", "Finish",
+    "InboxSignal", "Lease", "Reschedule", "RunInfo", "RunStatus", "SignalDelivery", "SignalReceipt",
+    "StoredEvent", "Suspend", "Transition", "WorkflowStore", "WorkflowTask", "open_store",
+]

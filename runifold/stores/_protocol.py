@@ -1,0 +1,369 @@
+"""The ``WorkflowStore`` protocol: the durable control plane every store implements.
+
+Stores know events only as encoded rows (:class:`EventRow`) plus the few typed
+fields they index (run id, sequence number, type tag, key). Invariants every
+store keeps, checked by the conformance suite in ``runifold.testing``:
+
+* ``revision`` of a run == ``seq`` of its last event; seqs are 1, 2, 3, ...
+* a commit appends only if the committer's lease token is current, its lease
+  has not expired on the store's clock, and the revision it read is current;
+  otherwise nothing is written and :class:`LeaseLostError` is raised;
+* lease tokens (fencing tokens) of a run only ever grow;
+* a run is claimable when ``due_at <= now``: READY and WAITING runs at their
+  due time, RUNNING runs once their lease expired. PARKED and finished runs
+  have no due time and are never claimed.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, final
+
+import msgspec
+
+from runifold.errors import InvalidInputError, InvalidStateError
+from runifold.history import RunStarted, encode_event, to_plain, type_tag
+
+
+class RunStatus(enum.StrEnum):
+    """A run's scheduling state in the store."""
+
+    READY = "ready"
+    RUNNING = "running"
+    WAITING = "waiting"
+    PARKED = "parked"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+@final
+@dataclass(frozen=True)
+class WorkflowTask:
+    """A request to run one workflow definition.
+
+    Args:
+        name: the workflow's name.
+        version: the exact version to run; the run stays pinned to it.
+        input: keyword arguments for the workflow function (JSON-compatible).
+        checkpoint_id: the caller's durable identity of the run. Enqueueing the
+            same id again returns the existing run (same task) or raises
+            :class:`EnqueueConflictError` (different task).
+    """
+
+    name: str
+    version: int
+    input: Mapping[str, Any]
+    checkpoint_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidInputError(f"WorkflowTask.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise InvalidInputError(f"WorkflowTask.version must be an integer >= 1, got {self.version!r}")
+        if not isinstance(self.input, Mapping):
+            raise InvalidInputError(f"WorkflowTask.input must be a mapping of argument names, got {type(self.input).__name__}")
+        if self.checkpoint_id is not None and (not isinstance(self.checkpoint_id, str) or not self.checkpoint_id):
+            raise InvalidInputError(f"checkpoint_id must be a non-empty string or None, got {self.checkpoint_id!r}")
+        try:
+            to_plain(dict(self.input), what="the task input")
+        except Exception as exc:
+            raise InvalidInputError(str(exc)) from exc
+
+    def first_event(self) -> EventRow:
+        """Return the ``run_started`` row that opens this task's history."""
+        plain = to_plain(dict(self.input), what="the task input")
+        return EventRow.of(RunStarted(name=self.name, version=self.version, input=plain, checkpoint_id=self.checkpoint_id))
+
+    def input_json(self) -> bytes:
+        """Return the input as canonical JSON, used to compare re-enqueued tasks."""
+        return msgspec.json.encode(to_plain(dict(self.input), what="the task input"), order="sorted")
+
+
+class EventRow(msgspec.Struct, frozen=True):
+    """An encoded event as a store writes it."""
+
+    type: str
+    key: str
+    body: bytes
+
+    @classmethod
+    def of(cls, event: Any) -> EventRow:
+        return cls(type_tag(event), event.key, encode_event(event))
+
+
+class StoredEvent(msgspec.Struct, frozen=True):
+    """An encoded event as a store returns it."""
+
+    seq: int
+    at: float
+    type: str
+    key: str
+    body: bytes
+
+
+class Lease(msgspec.Struct, frozen=True):
+    """A worker's claim on a run; ``token`` is the fencing token."""
+
+    run_id: str
+    owner: str
+    token: int
+    until: float
+
+
+class InboxSignal(msgspec.Struct, frozen=True):
+    """An accepted signal not yet consumed by a wait."""
+
+    signal_id: str
+    name: str
+    payload: Any
+    sender: str
+    reason: str
+    received_at: float
+
+
+class Claim(msgspec.Struct, frozen=True):
+    """What a worker gets when it claims a run."""
+
+    run_id: str
+    checkpoint_id: str | None
+    name: str
+    version: int
+    lease: Lease
+    now: float
+    history: list[StoredEvent]
+    inbox: list[InboxSignal]
+
+
+class Continue(msgspec.Struct, frozen=True, tag="continue"):
+    """Keep running under the current lease."""
+
+
+class Finish(msgspec.Struct, frozen=True, tag="finish"):
+    """The run ended; release the lease."""
+
+    status: RunStatus
+    reason: str = ""
+
+
+class Suspend(msgspec.Struct, frozen=True, tag="suspend"):
+    """The run waits (WAITING: for ``wake_at`` or ``signals``) or is PARKED."""
+
+    status: RunStatus
+    wake_at: float | None = None
+    signals: tuple[str, ...] = ()
+    reason: str = ""
+
+
+class Reschedule(msgspec.Struct, frozen=True, tag="reschedule"):
+    """Make the run claimable again from ``at`` (a retry backoff)."""
+
+    at: float
+    reason: str = ""
+
+
+Transition = Continue | Finish | Suspend | Reschedule
+
+
+class CommitResult(msgspec.Struct, frozen=True):
+    revision: int
+    at: float
+
+
+class EnqueueResult(msgspec.Struct, frozen=True):
+    run_id: str
+    created: bool
+
+
+class RunInfo(msgspec.Struct, frozen=True):
+    """A run's row: identity, scheduling state and lease."""
+
+    run_id: str
+    checkpoint_id: str | None
+    name: str
+    version: int
+    status: RunStatus
+    revision: int
+    due_at: float | None
+    lease_owner: str | None
+    lease_token: int
+    lease_until: float | None
+    created_at: float
+    updated_at: float
+    reason: str
+
+
+class SignalDelivery(msgspec.Struct, frozen=True):
+    """An authenticated signal for a store to deliver."""
+
+    run_ref: str
+    signal_id: str
+    name: str
+    payload: Any
+    sender: str
+    key_id: str
+    reason: str
+    payload_hash: str
+
+
+class SignalReceipt(msgspec.Struct, frozen=True):
+    """The store's answer to a delivery (the original one for a duplicate)."""
+
+    run_id: str
+    signal_id: str
+    duplicate: bool
+    received_at: float
+    run_status: RunStatus
+
+
+class AuditRecord(msgspec.Struct, frozen=True):
+    """One signal attempt: accepted, duplicate or rejected. Never holds a secret."""
+
+    run_id: str | None
+    run_ref: str
+    signal_id: str
+    name: str
+    sender: str
+    key_id: str
+    verdict: str
+    payload_hash: str
+    reason: str
+    detail: str
+    at: float
+
+
+class WorkflowStore(Protocol):
+    """The durable control plane. Every method is safe to call concurrently."""
+
+    async def now(self) -> float:
+        """Return the store clock's current time (seconds since the epoch)."""
+        ...
+
+    async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
+        """Create a run for ``task`` (idempotent by ``checkpoint_id``)."""
+        ...
+
+    async def claim(
+        self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
+    ) -> Claim | None:
+        """Claim the most overdue claimable run of one of ``names``, if any."""
+        ...
+
+    async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
+        """Extend a held lease; raise :class:`LeaseLostError` if it is not held."""
+        ...
+
+    async def commit(
+        self,
+        lease: Lease,
+        expected_revision: int,
+        events: Sequence[EventRow],
+        transition: Transition,
+        consumed_signals: Sequence[str] = (),
+    ) -> CommitResult:
+        """Append ``events`` and apply ``transition``, fenced by lease and revision."""
+        ...
+
+    async def release(self, lease: Lease) -> None:
+        """Give a claimed run back untouched, claimable at once."""
+        ...
+
+    async def intervene(
+        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
+    ) -> CommitResult:
+        """An operator's append (cancel, resolve): fences off any lease holder."""
+        ...
+
+    async def get_run(self, run_ref: str) -> RunInfo:
+        """Return a run by run id or checkpoint id."""
+        ...
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None, limit: int = 100
+    ) -> list[RunInfo]:
+        """List runs, newest first."""
+        ...
+
+    async def history(self, run_ref: str) -> list[StoredEvent]:
+        """Return a run's whole log in order."""
+        ...
+
+    async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
+        """Store a signal once per ``(run, signal_id)`` and wake a run waiting for it."""
+        ...
+
+    async def record_rejected(self, record: AuditRecord) -> None:
+        """Keep a rejected signal attempt in the audit log (no run state changes)."""
+        ...
+
+    async def audit(self, run_ref: str) -> list[AuditRecord]:
+        """Return every signal attempt against a run, oldest first."""
+        ...
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Return when new work may be claimable, or after ``timeout`` seconds."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def filter_names(names: Collection[str]) -> list[str]:
+    """Return ``names`` sorted, for deterministic claim queries."""
+    return sorted(set(names))
+
+
+def same_task(task: WorkflowTask, name: str, version: int, input_json: bytes) -> bool:
+    """Tell whether a stored run was created from ``task``."""
+    return task.name == name and task.version == version and task.input_json() == input_json
+
+
+def payload_of(raw: bytes | str) -> Any:
+    """Decode a stored JSON payload."""
+    return msgspec.json.decode(raw)
+
+
+
+
+
+def new_run_id(now: float) -> str:
+    """Return a new run id that sorts by creation time."""
+    return f"run_{int(now * 1000):012x}{secrets.token_hex(6)}"
+
+
+class RunColumns(msgspec.Struct, frozen=True):
+    """The scheduling columns a transition writes (it also clears the lease)."""
+
+    status: RunStatus
+    due_at: float | None
+    wait_signals: tuple[str, ...]
+    reason: str
+
+
+def transition_columns(transition: Transition) -> RunColumns | None:
+    """Return what ``transition`` writes to the run row; None for ``Continue``."""
+    match transition:
+        case Continue():
+            return None
+        case Finish(status=status, reason=reason):
+            return RunColumns(status, None, (), reason)
+        case Suspend(status=status, wake_at=wake_at, signals=signals, reason=reason):
+            return RunColumns(status, wake_at if status is RunStatus.WAITING else None, signals, reason)
+        case Reschedule(at=at, reason=reason):
+            return RunColumns(RunStatus.READY, at, (), reason)
+    raise AssertionError(f"unknown transition {transition!r}")
+
+
+def not_allowed(run_id: str, status: RunStatus, allowed: Collection[RunStatus]) -> InvalidStateError:
+    """The error for an operator action that does not fit the run's state."""
+    return InvalidStateError(
+        f"run {run_id} is {status}; this operation needs it to be {' or '.join(sorted(allowed))}"
+    )

@@ -1,0 +1,21 @@
+"""Workers: the registry, value types, outcomes, ``WorkflowWorker`` and ``Supervisor``."""
+
+from runifold.worker._outcome import (
+    Completed,
+    DefinitionUnavailable,
+    Failed,
+    Idle,
+    LeaseLost,
+    Outcome,
+    Retried,
+    Suspended,
+    SuspendReason,
+)
+from runifold.worker._registry import WorkflowRegistry
+from runifold.worker._values import LeaseDuration, WorkerId
+from runifold.worker._worker import WorkflowWorker
+
+__all__ = [
+    "Completed", "DefinitionUnavailable", "Failed", "Idle", "LeaseDuration", "LeaseLost", "Outcome",
+    "Retried", "Suspended", "SuspendReason", "WorkerId", "WorkflowRegistry", "WorkflowWorker",
+]

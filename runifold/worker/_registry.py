@@ -1,0 +1,90 @@
+"""The registry: the workflow definitions a worker can run, by exact version."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, final
+
+import msgspec
+
+from runifold.dsl import WorkflowDefinition
+from runifold.errors import InvalidInputError, RegistrationError, UnknownWorkflowError
+from runifold.stores import WorkflowTask
+
+
+@final
+class WorkflowRegistry:
+    """Holds definitions; several versions of one name live side by side."""
+
+    def __init__(self, *definitions: WorkflowDefinition) -> None:
+        self._defs: dict[tuple[str, int], WorkflowDefinition] = {}
+        for definition in definitions:
+            self.register(definition)
+
+    def register(self, definition: WorkflowDefinition) -> WorkflowDefinition:
+        """Add a definition.
+
+        Raises:
+            RegistrationError: the ``(name, version)`` is already registered.
+        """
+        if not isinstance(definition, WorkflowDefinition):
+            raise RegistrationError(f"register() takes a WorkflowDefinition, got {definition!r}")
+        key = (definition.name, definition.version)
+        if key in self._defs:
+            raise RegistrationError(
+                f"workflow {definition.name!r} version {definition.version} is already registered; "
+                "give changed code a new version number"
+            )
+        self._defs[key] = definition
+        return definition
+
+    def get(self, name: str, version: int) -> WorkflowDefinition | None:
+        """Return the exact definition, or None."""
+        return self._defs.get((name, version))
+
+    def names(self) -> frozenset[str]:
+        """Return every registered workflow name."""
+        return frozenset(name for name, _ in self._defs)
+
+    def versions(self) -> list[tuple[str, int]]:
+        """Return every registered ``(name, version)``, sorted."""
+        return sorted(self._defs)
+
+    def definition_for(self, name: str, version: int) -> WorkflowDefinition:
+        """Return the exact definition or raise :class:`UnknownWorkflowError`."""
+        definition = self.get(name, version)
+        if definition is None:
+            raise UnknownWorkflowError(name, version, self.versions())
+        return definition
+
+    def validate(self, task: WorkflowTask) -> WorkflowTask:
+        """Check that ``task`` names a registered definition and fits its signature.
+
+        Raises:
+            UnknownWorkflowError: no such ``(name, version)``.
+            InvalidInputError: missing, unexpected or mistyped input fields.
+        """
+        definition = self.definition_for(task.name, task.version)
+        bind_input(definition, dict(task.input))
+        return task
+
+
+def bind_input(definition: WorkflowDefinition, data: dict[str, Any]) -> dict[str, Any]:
+    """Convert a task's input to the workflow's keyword arguments."""
+    types = definition.spec.param_types()
+    unexpected = sorted(set(data) - set(types))
+    missing = sorted(p for p in types if p not in data and not _has_default(definition, p))
+    if unexpected or missing:
+        raise InvalidInputError(
+            f"input for workflow {definition.name!r} v{definition.version} does not fit its "
+            f"parameters {list(types)}: missing {missing}, unexpected {unexpected}"
+        )
+    try:
+        return {k: msgspec.convert(v, types[k], strict=False) for k, v in data.items()}
+    except msgspec.ValidationError as exc:
+        raise InvalidInputError(f"input for workflow {definition.name!r}: {exc}") from exc
+
+
+def _has_default(definition: WorkflowDefinition, param: str) -> bool:
+    p = inspect.signature(definition.fn).parameters[param]
+    return p.default is not inspect.Parameter.empty

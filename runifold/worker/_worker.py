@@ -1,0 +1,86 @@
+"""``WorkflowWorker``: claims one run at a time and drives it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import final
+
+import structlog
+
+from runifold.errors import ConfigurationError, SerializationError
+from runifold.stores import WorkflowStore
+from runifold.worker._execution import Execution
+from runifold.worker._outcome import DefinitionUnavailable, Idle, Outcome
+from runifold.worker._registry import WorkflowRegistry
+from runifold.worker._values import LeaseDuration, WorkerId
+
+log = structlog.get_logger("runifold.worker")
+
+# Runs this worker cannot execute (version not registered, corrupt history) are
+# skipped by later claims; the set is bounded so a long-lived worker cannot grow.
+_MAX_SKIPPED = 10_000
+
+
+@final
+class WorkflowWorker:
+    """Claims runs of its registry's workflows and drives them.
+
+    Args:
+        store: the durable control plane.
+        registry: the definitions this worker can run.
+        worker_id: written into every lease it takes.
+        lease: how long a claim lasts without renewal.
+        renew_every: how often the lease is renewed while a run executes;
+            must be shorter than ``lease``.
+    """
+
+    def __init__(
+        self,
+        store: WorkflowStore,
+        registry: WorkflowRegistry,
+        worker_id: WorkerId,
+        lease: LeaseDuration,
+        renew_every: timedelta,
+    ) -> None:
+        if not isinstance(worker_id, WorkerId):
+            raise ConfigurationError("worker_id must be a WorkerId; build one with WorkerId.parse('worker-1')")
+        if not isinstance(lease, LeaseDuration):
+            raise ConfigurationError("lease must be a LeaseDuration, e.g. LeaseDuration(timedelta(seconds=30))")
+        if not isinstance(renew_every, timedelta) or not timedelta(0) < renew_every < lease.value:
+            raise ConfigurationError(
+                f"renew_every must be a positive timedelta shorter than the lease ({lease.value}), "
+                f"got {renew_every!r}; a third of the lease is a good choice"
+            )
+        self.store = store
+        self.registry = registry
+        self.worker_id = worker_id
+        self.lease = lease
+        self.renew_every = renew_every
+        self._skipped: set[str] = set()
+
+    async def run_once(self) -> Outcome:
+        """Claim at most one run and drive it until it completes, fails, suspends or loses its lease."""
+        claim = await self.store.claim(str(self.worker_id), self.registry.names(), self.lease.seconds, self._skipped)
+        if claim is None:
+            return Idle()
+        definition = self.registry.get(claim.name, claim.version)
+        if definition is None:
+            # invariant: the run is handed back untouched for a worker that has this version
+            await self.store.release(claim.lease)
+            self._skip(claim.run_id)
+            log.info("definition_unavailable", run_id=claim.run_id, name=claim.name, version=claim.version,
+                     worker_id=str(self.worker_id))
+            return DefinitionUnavailable(claim.run_id, claim.name, claim.version)
+        try:
+            execution = Execution(self.store, claim, definition, str(self.worker_id), self.lease.seconds,
+                                  self.renew_every.total_seconds())
+        except SerializationError:
+            await self.store.release(claim.lease)
+            self._skip(claim.run_id)
+            raise
+        return await execution.run()
+
+    def _skip(self, run_id: str) -> None:
+        if len(self._skipped) >= _MAX_SKIPPED:
+            self._skipped.clear()
+        self._skipped.add(run_id)
