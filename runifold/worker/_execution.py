@@ -291,11 +291,15 @@ class Execution:
             batch = self._pending + events
             consumed = list(self._consumed)
             rows = [EventRow.of(e) for e in batch]
+            # invariant: tasks the store creates get no scope, or they would shift the keys of workflow tasks
+            token = current.set(None)
             try:
                 result = await self.store.commit(self.lease, self.revision, rows, transition, consumed)
             except LeaseLostError as exc:
                 self._lose(str(exc))
                 raise _Abandoned() from None
+            finally:
+                current.reset(token)
             first = self.revision + 1
             self.revision = result.revision
             self.replayer.extend(Entry(first + i, result.at, e) for i, e in enumerate(batch))

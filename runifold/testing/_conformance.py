@@ -1,0 +1,246 @@
+"""The store conformance suite: the protocol's guarantees, checked against any store.
+
+Subclass :class:`StoreConformance` and provide an async ``store`` fixture that
+yields a fresh, empty store. Tests use real time with short leases, so they
+also hold for stores judged on a database clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from runifold.errors import EnqueueConflictError, InvalidStateError, LeaseLostError, RunNotFoundError
+from runifold.history import RunCancelled, StepCompleted, decode_event
+from runifold.stores import (
+    AuditRecord,
+    Continue,
+    EventRow,
+    Finish,
+    Lease,
+    Reschedule,
+    RunStatus,
+    SignalDelivery,
+    Suspend,
+    WorkflowTask,
+)
+
+LEASE = 30.0
+
+
+def step_row(key: str, output: Any = None) -> EventRow:
+    """An encoded ``step_completed`` event."""
+    return EventRow.of(StepCompleted(key=key, output=output))
+
+
+def delivery(ref: str, signal_id: str, name: str = "approval", payload: Any = None) -> SignalDelivery:
+    """A signal delivery as the authentication layer hands it to a store."""
+    return SignalDelivery(ref, signal_id, name, payload or {"ok": True}, "alice", "k1", "because", "sha256:x")
+
+
+class StoreConformance:
+    """Guarantees every ``WorkflowStore`` keeps. Provide a ``store`` fixture."""
+
+    async def _claimed(self, store: Any, checkpoint_id: str = "c1", lease: float = LEASE) -> Lease:
+        await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id=checkpoint_id))
+        claim = await store.claim("w1", {"wf"}, lease)
+        assert claim is not None
+        return claim.lease
+
+    async def test_enqueue_is_idempotent_by_checkpoint_id(self, store: Any) -> None:
+        """The same task under one checkpoint id yields the same run, created once."""
+        first = await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id="c1"))
+        again = await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id="c1"))
+        assert first.created and not again.created and first.run_id == again.run_id
+        assert len(await store.list_runs()) == 1
+
+    async def test_enqueue_conflict_keeps_the_original(self, store: Any) -> None:
+        """A different task under a used checkpoint id is refused and changes nothing."""
+        first = await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id="c1"))
+        with pytest.raises(EnqueueConflictError) as err:
+            await store.enqueue(WorkflowTask("wf", 1, {"x": 2}, checkpoint_id="c1"))
+        assert err.value.run_id == first.run_id
+        history = await store.history("c1")
+        assert [e.type for e in history] == ["run_started"]
+        assert decode_event(history[0].body).input == {"x": 1}  # type: ignore[union-attr]
+
+    async def test_history_opens_with_run_started(self, store: Any) -> None:
+        """A new run's log is one run_started event at seq 1 and its revision is 1."""
+        await store.enqueue(WorkflowTask("wf", 3, {"x": 1}, checkpoint_id="c1"))
+        info = await store.get_run("c1")
+        history = await store.history(info.run_id)
+        assert [(e.seq, e.type) for e in history] == [(1, "run_started")]
+        assert info.revision == 1 and info.status is RunStatus.READY and info.version == 3
+
+    async def test_unknown_run_is_a_clear_error(self, store: Any) -> None:
+        """Looking up a run that does not exist raises RunNotFoundError."""
+        with pytest.raises(RunNotFoundError):
+            await store.get_run("nope")
+
+    async def test_claim_takes_a_lease_with_a_growing_token(self, store: Any) -> None:
+        """Each claim of a run carries a larger fencing token than the last."""
+        lease = await self._claimed(store)
+        assert await store.claim("w2", {"wf"}, LEASE) is None  # held
+        await store.release(lease)
+        again = await store.claim("w2", {"wf"}, LEASE)
+        assert again is not None and again.lease.token > lease.token and again.lease.owner == "w2"
+
+    async def test_claim_respects_names_and_exclusions(self, store: Any) -> None:
+        """A claim only takes runs of the given names and not excluded ids."""
+        result = await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        assert await store.claim("w1", {"other"}, LEASE) is None
+        assert await store.claim("w1", {"wf"}, LEASE, exclude={result.run_id}) is None
+        assert await store.claim("w1", {"wf"}, LEASE) is not None
+
+    async def test_commit_appends_in_order(self, store: Any) -> None:
+        """A commit appends events with contiguous seqs and sets the revision to the last."""
+        lease = await self._claimed(store)
+        result = await store.commit(lease, 1, [step_row("a#1", 1), step_row("b#1", 2)], Continue())
+        assert result.revision == 3
+        history = await store.history("c1")
+        assert [(e.seq, e.key) for e in history] == [(1, ""), (2, "a#1"), (3, "b#1")]
+        assert (await store.get_run("c1")).revision == 3
+
+    async def test_stale_revision_is_fenced_and_writes_nothing(self, store: Any) -> None:
+        """A commit from an outdated revision raises LeaseLostError and leaves the log as it was."""
+        lease = await self._claimed(store)
+        await store.commit(lease, 1, [step_row("a#1")], Continue())
+        with pytest.raises(LeaseLostError):
+            await store.commit(lease, 1, [step_row("b#1")], Continue())
+        assert [e.key for e in await store.history("c1")] == ["", "a#1"]
+
+    async def test_expired_lease_is_taken_over_and_fenced(self, store: Any) -> None:
+        """After expiry another worker claims the run; the old holder can neither commit nor renew."""
+        old = await self._claimed(store, lease=0.2)
+        await asyncio.sleep(0.35)
+        new = await store.claim("w2", {"wf"}, LEASE)
+        assert new is not None and new.lease.token > old.token
+        before = await store.history("c1")
+        with pytest.raises(LeaseLostError):
+            await store.commit(old, 1, [step_row("a#1")], Continue())
+        with pytest.raises(LeaseLostError):
+            await store.renew(old, LEASE)
+        assert await store.history("c1") == before
+        await store.commit(new.lease, 1, [step_row("a#1")], Continue())
+
+    async def test_expired_lease_cannot_commit_even_unclaimed(self, store: Any) -> None:
+        """A holder whose lease expired cannot commit, even before anyone else claims."""
+        lease = await self._claimed(store, lease=0.2)
+        await asyncio.sleep(0.35)
+        with pytest.raises(LeaseLostError):
+            await store.commit(lease, 1, [step_row("a#1")], Continue())
+
+    async def test_renew_extends_the_lease(self, store: Any) -> None:
+        """A renewed lease outlives its first expiry."""
+        lease = await self._claimed(store, lease=0.4)
+        await asyncio.sleep(0.2)
+        lease = await store.renew(lease, 0.4)
+        await asyncio.sleep(0.3)
+        assert await store.claim("w2", {"wf"}, LEASE) is None
+        await store.commit(lease, 1, [step_row("a#1")], Continue())
+
+    async def test_release_leaves_the_run_untouched(self, store: Any) -> None:
+        """A released run keeps its log and revision and is claimable at once."""
+        lease = await self._claimed(store)
+        await store.release(lease)
+        info = await store.get_run("c1")
+        assert info.status is RunStatus.READY and info.revision == 1 and info.lease_owner is None
+        assert await store.claim("w2", {"wf"}, LEASE) is not None
+
+    async def test_finished_runs_are_never_claimed(self, store: Any) -> None:
+        """A committed Finish ends the run: its status is final and no claim returns it."""
+        lease = await self._claimed(store)
+        await store.commit(lease, 1, [step_row("a#1")], Finish(RunStatus.COMPLETED))
+        info = await store.get_run("c1")
+        assert info.status is RunStatus.COMPLETED and info.due_at is None and info.lease_owner is None
+        assert await store.claim("w1", {"wf"}, LEASE) is None
+
+    async def test_reschedule_waits_for_its_time(self, store: Any) -> None:
+        """A rescheduled run is claimable only from its due time."""
+        lease = await self._claimed(store)
+        now = await store.now()
+        await store.commit(lease, 1, [], Reschedule(now + 0.3))
+        assert await store.claim("w1", {"wf"}, LEASE) is None
+        await asyncio.sleep(0.4)
+        assert await store.claim("w1", {"wf"}, LEASE) is not None
+
+    async def test_waiting_run_wakes_on_its_signal(self, store: Any) -> None:
+        """A run waiting for a signal becomes claimable when that signal arrives, not another."""
+        lease = await self._claimed(store)
+        await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, None, ("approval",)))
+        assert await store.claim("w1", {"wf"}, LEASE) is None
+        await store.deliver_signal(delivery("c1", "s0", name="other"))
+        assert await store.claim("w1", {"wf"}, LEASE) is None
+        receipt = await store.deliver_signal(delivery("c1", "s1"))
+        assert not receipt.duplicate
+        claim = await store.claim("w1", {"wf"}, LEASE)
+        assert claim is not None
+        assert [s.signal_id for s in claim.inbox] == ["s0", "s1"]
+
+    async def test_signal_before_the_wait_is_not_lost(self, store: Any) -> None:
+        """A signal that arrives while the run is running wakes it as soon as it suspends on it."""
+        lease = await self._claimed(store)
+        await store.deliver_signal(delivery("c1", "s1"))
+        await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, None, ("approval",)))
+        assert await store.claim("w1", {"wf"}, LEASE) is not None
+
+    async def test_consumed_signals_leave_the_inbox(self, store: Any) -> None:
+        """Signals consumed by a commit are not offered again."""
+        lease = await self._claimed(store)
+        await store.deliver_signal(delivery("c1", "s1"))
+        await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, None, ("approval",)), consumed_signals=["s1"])
+        assert await store.claim("w1", {"wf"}, LEASE) is None
+
+    async def test_duplicate_signal_returns_the_original_receipt(self, store: Any) -> None:
+        """A repeated signal id is acknowledged as a duplicate with the first receipt, stored once."""
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        first = await store.deliver_signal(delivery("c1", "s1", payload={"n": 1}))
+        again = await store.deliver_signal(delivery("c1", "s1", payload={"n": 2}))
+        assert again.duplicate and again.received_at == first.received_at
+        claim = await store.claim("w1", {"wf"}, LEASE)
+        assert claim is not None and [s.payload for s in claim.inbox] == [{"n": 1}]
+        verdicts = [a.verdict for a in await store.audit("c1")]
+        assert verdicts == ["accepted", "duplicate"]
+
+    async def test_signal_to_a_finished_run_is_kept(self, store: Any) -> None:
+        """A signal to a finished run is recorded as unconsumed, never dropped."""
+        lease = await self._claimed(store)
+        await store.commit(lease, 1, [], Finish(RunStatus.COMPLETED))
+        receipt = await store.deliver_signal(delivery("c1", "late"))
+        assert receipt.run_status is RunStatus.COMPLETED and not receipt.duplicate
+        [record] = await store.audit("c1")
+        assert record.verdict == "accepted" and "unconsumed" in record.detail
+
+    async def test_rejected_signals_are_audited(self, store: Any) -> None:
+        """A rejected attempt is kept in the audit log without touching the run."""
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        info = await store.get_run("c1")
+        now = await store.now()
+        await store.record_rejected(AuditRecord(info.run_id, "c1", "s9", "approval", "mallory", "k9", "rejected",
+                                                "sha256:y", "", "bad signature", now))
+        [record] = await store.audit("c1")
+        assert record.sender == "mallory" and record.detail == "bad signature"
+        assert (await store.get_run("c1")).revision == info.revision
+
+    async def test_intervene_fences_the_holder(self, store: Any) -> None:
+        """An operator's append fences off the current lease holder."""
+        lease = await self._claimed(store)
+        await store.intervene("c1", {RunStatus.RUNNING, RunStatus.READY},
+                              [EventRow.of(RunCancelled(by="ops", reason="test"))], RunStatus.CANCELLED)
+        with pytest.raises(LeaseLostError):
+            await store.commit(lease, 1, [step_row("a#1")], Continue())
+        assert [e.type for e in await store.history("c1")] == ["run_started", "run_cancelled"]
+        with pytest.raises(InvalidStateError):
+            await store.intervene("c1", {RunStatus.PARKED}, [], RunStatus.READY)
+
+    async def test_list_runs_filters(self, store: Any) -> None:
+        """Listing filters by status, name and version."""
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        await store.enqueue(WorkflowTask("wf", 2, {}, checkpoint_id="c2"))
+        await store.enqueue(WorkflowTask("other", 1, {}, checkpoint_id="c3"))
+        assert {r.checkpoint_id for r in await store.list_runs(name="wf")} == {"c1", "c2"}
+        assert [r.checkpoint_id for r in await store.list_runs(name="wf", version=2)] == ["c2"]
+        assert len(await store.list_runs(status=RunStatus.READY)) == 3
+        assert await store.list_runs(status=RunStatus.COMPLETED) == []
