@@ -1,0 +1,478 @@
+"""The PostgreSQL store (asyncpg): many workers on many hosts share one database.
+
+* Claims pick a due run with ``FOR UPDATE SKIP LOCKED`` and take the lease in
+  the same statement: concurrent workers never wait on each other's claims.
+* Every time (lease expiry, timers, signal freshness) is judged on the database
+  clock, ``clock_timestamp()``, never on a worker's.
+* A durable step is one round trip: ``runifold_commit`` (a function created by
+  the migration) fences, appends, consumes signals and applies the transition.
+* ``LISTEN runifold_work``: idle workers wake at once when a run becomes due;
+  a due timer wakes them through the next-due-time they sleep until; polling
+  remains only as a fallback, and a dropped listening connection is reopened.
+* Connection loss is retried with bounded backoff. A retried commit can never
+  be applied twice: the revision fence refuses the second attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from typing import Any, TypeVar, final
+
+import asyncpg
+import msgspec
+import structlog
+
+from runifold.errors import (
+    EnqueueConflictError,
+    LeaseLostError,
+    RunNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
+from runifold.stores._migrations import migrations
+from runifold.stores._protocol import (
+    AuditRecord,
+    Claim,
+    CommitResult,
+    EnqueueResult,
+    EventRow,
+    InboxSignal,
+    Lease,
+    RunInfo,
+    RunStatus,
+    SignalDelivery,
+    SignalReceipt,
+    StoredEvent,
+    Transition,
+    WorkflowTask,
+    new_run_id,
+    not_allowed,
+    same_task,
+    transition_columns,
+)
+
+T = TypeVar("T")
+log = structlog.get_logger("runifold.stores.postgres")
+
+CHANNEL = "runifold_work"
+_MIGRATION_LOCK = 0x72756E69  # "runi": one advisory lock id for schema migrations
+_RUN_COLUMNS = (
+    "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
+    "lease_until, created_at, updated_at, reason"
+)
+_json = msgspec.json.encode
+# SQLSTATE classes that mean "the connection or server went away; try again".
+_TRANSIENT_CLASSES = ("08", "57", "53")
+_TRANSIENT_CODES = {"40001", "40P01"}
+
+
+def _run_info(row: asyncpg.Record) -> RunInfo:
+    return RunInfo(row["run_id"], row["checkpoint_id"], row["name"], row["version"], RunStatus(row["status"]),
+                   row["revision"], row["due_at"], row["lease_owner"], row["lease_token"], row["lease_until"],
+                   row["created_at"], row["updated_at"], row["reason"])
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError)):
+        return True
+    code = getattr(exc, "sqlstate", None) or ""
+    return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
+
+
+async def _find(conn: asyncpg.Connection, ref: str, *, lock: bool = False) -> asyncpg.Record:
+    row = await conn.fetchrow(
+        f"SELECT {_RUN_COLUMNS}, wait_signals FROM runifold_runs WHERE run_id = $1 OR checkpoint_id = $1"
+        + (" FOR UPDATE" if lock else ""),
+        ref,
+    )
+    if row is None:
+        raise RunNotFoundError(ref)
+    return row
+
+
+@final
+class PostgresWorkflowStore:
+    """A :class:`WorkflowStore` on PostgreSQL. Open with ``await PostgresWorkflowStore.open(dsn)``."""
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, retry_seconds: float, poll_seconds: float) -> None:
+        self.dsn = dsn
+        self._pool = pool
+        self._retry_seconds = retry_seconds
+        self._poll_seconds = poll_seconds
+        self._listener: asyncpg.Connection | None = None
+        self._work = asyncio.Event()
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        retry_seconds: float = 15.0,
+        poll_seconds: float = 5.0,
+    ) -> PostgresWorkflowStore:
+        """Connect, then create or migrate the schema (safe when many workers start at once).
+
+        Args:
+            dsn: ``postgresql://user:password@host:port/database``.
+            min_size: connections kept open in the pool.
+            max_size: the pool's upper bound.
+            retry_seconds: how long an operation retries a lost connection before
+                raising :class:`StoreUnavailableError`.
+            poll_seconds: the fallback poll interval of :meth:`wait_for_work`.
+        """
+        try:
+            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise StoreUnavailableError(
+                f"cannot connect to PostgreSQL at {_redact(dsn)}: {exc}; check that the server runs "
+                "and the URL, user and password are right"
+            ) from exc
+        store = cls(dsn, pool, retry_seconds, poll_seconds)
+        try:
+            await store.migrate()
+        except BaseException:
+            await pool.close()
+            raise
+        return store
+
+    async def migrate(self) -> int:
+        """Apply pending schema migrations under an advisory lock; return the schema version."""
+
+        async def op(conn: asyncpg.Connection) -> int:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
+                await conn.execute(
+                    "CREATE TABLE IF NOT EXISTS runifold_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM runifold_schema")
+                for version, sql in migrations("postgres"):
+                    if version > current:
+                        await conn.execute(sql)
+                        await conn.execute("INSERT INTO runifold_schema (version) VALUES ($1)", version)
+                        current = version
+                        log.info("schema_migrated", version=version)
+                return int(current)
+
+        return await self._call(op)
+
+    async def _call(self, op: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
+        """Run ``op`` on a pooled connection, retrying lost connections with bounded backoff."""
+        deadline = time.monotonic() + self._retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                async with self._pool.acquire() as conn:
+                    return await op(conn)
+            except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError) as exc:
+                if not _transient(exc):
+                    if isinstance(exc, asyncpg.PostgresError):
+                        raise StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}") from exc
+                    raise StoreError(f"PostgreSQL driver error: {exc}") from exc
+                if time.monotonic() > deadline:
+                    raise StoreUnavailableError(
+                        f"PostgreSQL stayed unreachable for {self._retry_seconds:g} s ({exc}); "
+                        "check the server, then retry"
+                    ) from exc
+                log.warning("postgres_retry", error=str(exc), delay=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    # -- protocol -------------------------------------------------------------------
+
+    async def now(self) -> float:
+        return await self._call(lambda c: c.fetchval("SELECT runifold_now()"))  # type: ignore[no-any-return]
+
+    async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
+        input_json = task.input_json().decode()
+        first = task.first_event()
+
+        async def op(conn: asyncpg.Connection) -> EnqueueResult:
+            async with conn.transaction():
+                now = await conn.fetchval("SELECT runifold_now()")
+                run_id = new_run_id(now)
+                inserted = await conn.fetchval(
+                    "INSERT INTO runifold_runs (run_id, checkpoint_id, name, version, input_json, status, revision, "
+                    "due_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'ready', 1, $6, $6, $6) "
+                    "ON CONFLICT (checkpoint_id) DO NOTHING RETURNING run_id",
+                    run_id, task.checkpoint_id, task.name, task.version, input_json, now,
+                )
+                if inserted is None:
+                    row = await conn.fetchrow(
+                        "SELECT run_id, name, version, input_json FROM runifold_runs WHERE checkpoint_id = $1",
+                        task.checkpoint_id,
+                    )
+                    if same_task(task, row["name"], row["version"], row["input_json"].encode()):
+                        return EnqueueResult(row["run_id"], False)
+                    raise EnqueueConflictError(task.checkpoint_id or "", row["run_id"])
+                await conn.execute(
+                    "INSERT INTO runifold_events (run_id, seq, type, key, at, body) VALUES ($1, 1, $2, $3, $4, $5::jsonb)",
+                    run_id, first.type, first.key, now, first.body.decode(),
+                )
+                await conn.execute("SELECT pg_notify($1, '')", CHANNEL)
+                return EnqueueResult(run_id, True)
+
+        return await self._call(op)
+
+    async def claim(
+        self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
+    ) -> Claim | None:
+        async def op(conn: asyncpg.Connection) -> Claim | None:
+            row = await conn.fetchrow(
+                "WITH pick AS ("
+                "  SELECT run_id FROM runifold_runs"
+                "  WHERE due_at IS NOT NULL AND due_at <= runifold_now() AND name = ANY($2::text[])"
+                "  AND NOT (run_id = ANY($3::text[]))"
+                "  ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+                ") UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
+                "  lease_until = runifold_now() + $4, due_at = runifold_now() + $4, updated_at = runifold_now()"
+                " FROM pick WHERE r.run_id = pick.run_id"
+                " RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until",
+                owner, sorted(names), sorted(exclude), lease_seconds,
+            )
+            if row is None:
+                return None
+            run_id = row["run_id"]
+            # invariant: while we hold the lease nobody else appends, so reading after the claim is consistent
+            history = await self._history(conn, run_id)
+            inbox = await conn.fetch(
+                "SELECT signal_id, name, payload::text AS payload, sender, reason, received_at FROM runifold_signals "
+                "WHERE run_id = $1 AND NOT consumed ORDER BY received_at, arrival",
+                run_id,
+            )
+            until = row["lease_until"]
+            return Claim(
+                run_id, row["checkpoint_id"], row["name"], row["version"],
+                Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history,
+                [InboxSignal(s["signal_id"], s["name"], msgspec.json.decode(s["payload"]), s["sender"], s["reason"],
+                             s["received_at"]) for s in inbox],
+            )
+
+        return await self._call(op)
+
+    async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
+        async def op(conn: asyncpg.Connection) -> Lease:
+            until = await conn.fetchval(
+                "UPDATE runifold_runs SET lease_until = runifold_now() + $3, due_at = runifold_now() + $3 "
+                "WHERE run_id = $1 AND status = 'running' AND lease_token = $2 AND lease_until > runifold_now() "
+                "RETURNING lease_until",
+                lease.run_id, lease.token, lease_seconds,
+            )
+            if until is None:
+                raise LeaseLostError(lease.run_id)
+            return Lease(lease.run_id, lease.owner, lease.token, until)
+
+        return await self._call(op)
+
+    async def commit(
+        self,
+        lease: Lease,
+        expected_revision: int,
+        events: Sequence[EventRow],
+        transition: Transition,
+        consumed_signals: Sequence[str] = (),
+    ) -> CommitResult:
+        columns = transition_columns(transition)
+        args = (
+            lease.run_id, lease.token, expected_revision,
+            [e.type for e in events], [e.key for e in events], [e.body.decode() for e in events],
+            columns is not None,
+            None if columns is None else str(columns.status),
+            None if columns is None else columns.due_at,
+            [] if columns is None else list(columns.wait_signals),
+            "" if columns is None else columns.reason,
+            list(consumed_signals),
+        )
+
+        async def op(conn: asyncpg.Connection) -> CommitResult:
+            row = await conn.fetchrow(
+                "SELECT * FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)", *args
+            )
+            if not row["ok"]:
+                raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
+            return CommitResult(row["new_revision"], row["at"])
+
+        return await self._call(op)
+
+    async def release(self, lease: Lease) -> None:
+        await self._call(lambda conn: conn.execute(
+            "WITH r AS (UPDATE runifold_runs SET status = 'ready', due_at = runifold_now(), lease_owner = NULL, "
+            "lease_until = NULL WHERE run_id = $1 AND status = 'running' AND lease_token = $2 RETURNING 1) "
+            "SELECT pg_notify($3, '') FROM r",
+            lease.run_id, lease.token, CHANNEL,
+        ))
+
+    async def intervene(
+        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
+    ) -> CommitResult:
+        async def op(conn: asyncpg.Connection) -> CommitResult:
+            async with conn.transaction():
+                info = _run_info(await _find(conn, run_ref, lock=True))
+                if info.status not in allowed:
+                    raise not_allowed(info.run_id, info.status, allowed)
+                now = await conn.fetchval("SELECT runifold_now()")
+                await conn.executemany(
+                    "INSERT INTO runifold_events (run_id, seq, type, key, at, body) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
+                    [(info.run_id, info.revision + i + 1, e.type, e.key, now, e.body.decode()) for i, e in enumerate(events)],
+                )
+                revision = info.revision + len(events)
+                await conn.execute(
+                    "UPDATE runifold_runs SET revision = $2, updated_at = $3, status = $4, due_at = $5, "
+                    "lease_token = lease_token + 1, lease_owner = NULL, lease_until = NULL WHERE run_id = $1",
+                    info.run_id, revision, now, str(status), None if status.finished else now,
+                )
+                await conn.execute("SELECT pg_notify($1, '')", CHANNEL)
+                return CommitResult(revision, now)
+
+        return await self._call(op)
+
+    async def get_run(self, run_ref: str) -> RunInfo:
+        return _run_info(await self._call(lambda c: _find(c, run_ref)))
+
+    async def list_runs(
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None, limit: int = 100
+    ) -> list[RunInfo]:
+        rows = await self._call(lambda c: c.fetch(
+            f"SELECT {_RUN_COLUMNS} FROM runifold_runs WHERE ($1::text IS NULL OR status = $1) "
+            "AND ($2::text IS NULL OR name = $2) AND ($3::int IS NULL OR version = $3) ORDER BY run_id DESC LIMIT $4",
+            None if status is None else str(status), name, version, limit,
+        ))
+        return [_run_info(r) for r in rows]
+
+    async def history(self, run_ref: str) -> list[StoredEvent]:
+        async def op(conn: asyncpg.Connection) -> list[StoredEvent]:
+            return await self._history(conn, (await _find(conn, run_ref))["run_id"])
+
+        return await self._call(op)
+
+    @staticmethod
+    async def _history(conn: asyncpg.Connection, run_id: str) -> list[StoredEvent]:
+        rows = await conn.fetch(
+            "SELECT seq, at, type, key, body::text AS body FROM runifold_events WHERE run_id = $1 ORDER BY seq", run_id
+        )
+        return [StoredEvent(r["seq"], r["at"], r["type"], r["key"], r["body"].encode()) for r in rows]
+
+    async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
+        payload = _json(delivery.payload).decode()
+
+        async def op(conn: asyncpg.Connection) -> SignalReceipt:
+            async with conn.transaction():
+                # invariant: the run row is locked, so a concurrent commit sees this signal or we see its wait
+                info = _run_info(await _find(conn, delivery.run_ref, lock=True))
+                now = await conn.fetchval("SELECT runifold_now()")
+                original = await conn.fetchval(
+                    "INSERT INTO runifold_signals (run_id, signal_id, name, payload, sender, key_id, reason, received_at) "
+                    "VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8) ON CONFLICT (run_id, signal_id) DO NOTHING "
+                    "RETURNING received_at",
+                    info.run_id, delivery.signal_id, delivery.name, payload, delivery.sender, delivery.key_id,
+                    delivery.reason, now,
+                )
+                duplicate = original is None
+                received_at = now
+                if duplicate:
+                    received_at = await conn.fetchval(
+                        "SELECT received_at FROM runifold_signals WHERE run_id = $1 AND signal_id = $2",
+                        info.run_id, delivery.signal_id,
+                    )
+                verdict = "duplicate" if duplicate else "accepted"
+                detail = "run finished; kept unconsumed" if info.status.finished and not duplicate else ""
+                await _insert_audit(conn, AuditRecord(
+                    info.run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender,
+                    delivery.key_id, verdict, delivery.payload_hash, delivery.reason, detail, now))
+                if not duplicate:
+                    await conn.execute(
+                        "WITH r AS (UPDATE runifold_runs SET due_at = $2 WHERE run_id = $1 AND status = 'waiting' "
+                        "AND $3 = ANY (wait_signals) RETURNING 1) SELECT pg_notify($4, '') FROM r",
+                        info.run_id, now, delivery.name, CHANNEL,
+                    )
+                return SignalReceipt(info.run_id, delivery.signal_id, duplicate, received_at, info.status)
+
+        return await self._call(op)
+
+    async def record_rejected(self, record: AuditRecord) -> None:
+        await self._call(lambda conn: _insert_audit(conn, record))
+
+    async def audit(self, run_ref: str) -> list[AuditRecord]:
+        async def op(conn: asyncpg.Connection) -> list[AuditRecord]:
+            try:
+                run_id = (await _find(conn, run_ref))["run_id"]
+            except RunNotFoundError:
+                run_id = None
+            rows = await conn.fetch(
+                "SELECT run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason, detail, at "
+                "FROM runifold_signal_audit WHERE run_id = $1 OR run_ref = $2 ORDER BY id",
+                run_id, run_ref,
+            )
+            return [AuditRecord(*r) for r in rows]
+
+        return await self._call(op)
+
+    # -- waking idle workers ---------------------------------------------------------
+
+    async def _ensure_listener(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        try:
+            conn = await asyncpg.connect(self.dsn)
+            await conn.add_listener(CHANNEL, self._notified)
+            conn.add_termination_listener(self._listener_lost)
+            self._listener = conn
+        except (OSError, asyncpg.PostgresError) as exc:
+            log.warning("listen_failed", error=str(exc))
+            self._listener = None
+
+    def _notified(self, *_: Any) -> None:
+        self._work.set()
+
+    def _listener_lost(self, *_: Any) -> None:
+        # the next wait reopens it; until then the fallback poll keeps runs moving
+        self._listener = None
+        self._work.set()
+
+    async def wait_for_work(self, timeout: float) -> None:
+        """Sleep until notified, until the next due time, or ``timeout`` (capped by the fallback poll)."""
+        await self._ensure_listener()
+        try:
+            next_due = await self._call(lambda c: c.fetchval(
+                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at IS NOT NULL"))
+        except StoreError:
+            next_due = None
+        wait = min(timeout, self._poll_seconds)
+        if next_due is not None:
+            wait = max(0.0, min(wait, next_due))
+        try:
+            await asyncio.wait_for(self._work.wait(), wait)
+        except TimeoutError:
+            pass
+        self._work.clear()
+
+    def kill_listener_for_tests(self) -> asyncpg.Connection | None:
+        """Return the listening connection (tests terminate it to exercise the fallback)."""
+        return self._listener
+
+    async def close(self) -> None:
+        if self._listener is not None and not self._listener.is_closed():
+            await self._listener.close()
+        await self._pool.close()
+
+
+async def _insert_audit(conn: asyncpg.Connection, r: AuditRecord) -> None:
+    await conn.execute(
+        "INSERT INTO runifold_signal_audit (run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, "
+        "reason, detail, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        r.run_id, r.run_ref, r.signal_id, r.name, r.sender, r.key_id, r.verdict, r.payload_hash, r.reason, r.detail,
+        r.at,
+    )
+
+
+def _redact(dsn: str) -> str:
+    """Hide a password in a DSN for error messages."""
+    if "@" not in dsn or "://" not in dsn:
+        return dsn
+    scheme, rest = dsn.split("://", 1)
+    credentials, host = rest.rsplit("@", 1)
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in credentials else dsn
