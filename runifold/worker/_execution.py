@@ -603,6 +603,8 @@ class Execution:
                 self.log.warning("lease_renewal_failed", error=str(exc))
 
     async def _finish(self, root: asyncio.Task[Any]) -> Outcome:
+        if not root.cancelled():
+            root.exception()  # mark it retrieved: a halt is reported through self._halt
         if self._lost is not None:
             return LeaseLost(self.run_id, self.checkpoint_id, self._lost)
         if self._halt is None:

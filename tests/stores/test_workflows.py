@@ -1,0 +1,402 @@
+"""Workflow behaviour on every store: replay, retries, versions, divergence, bad input, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from runifold import (
+    Budget,
+    CapabilitySet,
+    Completed,
+    ConfigurationError,
+    DefinitionUnavailable,
+    Failed,
+    Idle,
+    InvalidInputError,
+    LeaseDuration,
+    LeaseLost,
+    Retried,
+    RetryPolicy,
+    RunStatus,
+    StepFailedError,
+    Suspended,
+    UnknownWorkflowError,
+    WorkerId,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    step,
+    workflow,
+)
+from runifold.history import RunCancelled, fold
+from runifold.stores import EventRow
+from tests.support import NO_WAIT, entries, event_types, keys, worker
+
+calls: Counter[str] = Counter()
+
+
+@pytest.fixture(autouse=True)
+def _reset_calls() -> None:
+    calls.clear()
+
+
+class Stock(msgspec.Struct):
+    sku: str
+    reserved: int
+
+
+@step()
+async def reserve(order_id: str) -> Stock:
+    calls["reserve"] += 1
+    return Stock(sku=f"sku-{order_id}", reserved=2)
+
+
+@step(retry=RetryPolicy(max_attempts=3, initial=NO_WAIT))
+async def flaky(n: int) -> int:
+    calls["flaky"] += 1
+    if calls["flaky"] == 1:
+        raise RuntimeError("first attempt fails")
+    return n * 10
+
+
+@step()
+async def double(n: int) -> int:
+    calls[f"double{n}"] += 1
+    return n * 2
+
+
+@workflow("retrying")
+async def retrying(ctx: WorkflowContext, order_id: str) -> dict[str, Any]:
+    stock = await reserve(order_id)
+    value = await flaky(4)
+    return {"is_struct": isinstance(stock, Stock), "sku": stock.sku, "value": value}
+
+
+async def test_completed_steps_are_not_run_again(store: Any) -> None:
+    """After a retry reschedules the run, the replay returns recorded outputs without running bodies."""
+    w = worker(store, WorkflowDefinition(retrying))
+    await store.enqueue(WorkflowTask("retrying", 1, {"order_id": "o1"}, checkpoint_id="c1"))
+    first = await w.run_once()
+    assert isinstance(first, Retried) and first.key == "flaky#1" and first.attempt == 2
+    second = await w.run_once()
+    assert isinstance(second, Completed)
+    assert second.output == {"is_struct": True, "sku": "sku-o1", "value": 40}
+    assert calls == Counter(reserve=1, flaky=2)
+    assert await event_types(store, "c1") == ["run_started", "step_completed", "step_failed", "step_completed", "run_completed"]
+
+
+async def branch(n: int) -> int:
+    return await double(n) + await double(n + 100)
+
+
+@workflow("fan-out")
+async def fan_out(ctx: WorkflowContext) -> list[int]:
+    results = await asyncio.gather(branch(1), branch(2), branch(3))
+    await ctx.wait_signal("go")
+    return list(results)
+
+
+async def test_gather_replays_identically(store: Any) -> None:
+    """Concurrent branches get lineage keys, and a replay returns the same results without re-running."""
+    from runifold.stores import SignalDelivery
+
+    w = worker(store, WorkflowDefinition(fan_out, signals={"go": {"*"}}))
+    await store.enqueue(WorkflowTask("fan-out", 1, {}, checkpoint_id="c1"))
+    assert isinstance(await w.run_once(), Suspended)
+    assert sorted(await keys(store, "c1", "step_completed")) == [
+        "1/double#1", "1/double#2", "2/double#1", "2/double#2", "3/double#1", "3/double#2"]
+    await store.deliver_signal(SignalDelivery("c1", "s1", "go", {}, "t", "k", "", "h"))
+    done = await w.run_once()
+    assert isinstance(done, Completed) and done.output == [2 + 202, 4 + 204, 6 + 206]
+    assert all(v == 1 for v in calls.values()) and len(calls) == 6
+
+
+@workflow("versioned", version=1)
+async def versioned_v1(ctx: WorkflowContext) -> str:
+    return "v1"
+
+
+@workflow("versioned", version=2)
+async def versioned_v2(ctx: WorkflowContext) -> str:
+    return "v2"
+
+
+async def test_versions_run_side_by_side(store: Any) -> None:
+    """Versions 1 and 2 of one name, registered together, each run their own code."""
+    w = worker(store, WorkflowDefinition(versioned_v1), WorkflowDefinition(versioned_v2))
+    await store.enqueue(WorkflowTask("versioned", 1, {}, checkpoint_id="one"))
+    await store.enqueue(WorkflowTask("versioned", 2, {}, checkpoint_id="two"))
+    outputs = {}
+    for _ in range(2):
+        outcome = await w.run_once()
+        assert isinstance(outcome, Completed)
+        outputs[outcome.checkpoint_id] = outcome.output
+    assert outputs == {"one": "v1", "two": "v2"}
+
+
+async def test_definition_unavailable_leaves_the_run(store: Any) -> None:
+    """A worker without the exact version releases the run untouched, does not re-claim it, and a compatible worker finishes it."""
+    old = worker(store, WorkflowDefinition(versioned_v1), worker_id="old")
+    await store.enqueue(WorkflowTask("versioned", 2, {}, checkpoint_id="c1"))
+    outcome = await old.run_once()
+    assert isinstance(outcome, DefinitionUnavailable) and outcome.version == 2
+    info = await store.get_run("c1")
+    assert info.status is RunStatus.READY and info.revision == 1 and info.lease_owner is None
+    assert isinstance(await old.run_once(), Idle)
+    new = worker(store, WorkflowDefinition(versioned_v2), worker_id="new")
+    done = await new.run_once()
+    assert isinstance(done, Completed) and done.output == "v2"
+
+
+def test_registering_a_version_twice_is_an_error() -> None:
+    """The same (name, version) cannot be registered twice."""
+    from runifold import RegistrationError
+
+    registry = WorkflowRegistry(WorkflowDefinition(versioned_v1))
+    with pytest.raises(RegistrationError, match="already registered"):
+        registry.register(WorkflowDefinition(versioned_v1))
+
+
+@step()
+async def a() -> int:
+    calls["a"] += 1
+    return 1
+
+
+@step()
+async def b() -> int:
+    calls["b"] += 1
+    return 2
+
+
+@step()
+async def b2() -> int:
+    calls["b2"] += 1
+    return 2
+
+
+@step()
+async def c() -> int:
+    calls["c"] += 1
+    return 3
+
+
+@workflow("evolving")
+async def evolving(ctx: WorkflowContext) -> int:
+    total = await a() + await b() + await c()
+    await ctx.wait_signal("go")
+    return total
+
+
+@workflow("evolving")
+async def evolving_removed(ctx: WorkflowContext) -> int:
+    total = await a() + await c()
+    await ctx.wait_signal("go")
+    return total
+
+
+@workflow("evolving")
+async def evolving_renamed(ctx: WorkflowContext) -> int:
+    total = await a() + await b2() + await c()
+    await ctx.wait_signal("go")
+    return total
+
+
+@workflow("evolving")
+async def evolving_reordered(ctx: WorkflowContext) -> int:
+    total = await b() + await a() + await c()
+    await ctx.wait_signal("go")
+    return total
+
+
+@pytest.mark.parametrize(
+    ("changed", "diverging_key"),
+    [(evolving_removed, "b#1"), (evolving_renamed, "b#1"), (evolving_reordered, "a#1")],
+    ids=["removed", "renamed", "reordered"],
+)
+async def test_changed_code_is_reported_not_run(store: Any, changed: Any, diverging_key: str) -> None:
+    """Code that no longer matches the history names the first diverging key, runs nothing, and appends nothing."""
+    from runifold.stores import SignalDelivery
+
+    await store.enqueue(WorkflowTask("evolving", 1, {}, checkpoint_id="c1"))
+    assert isinstance(await worker(store, WorkflowDefinition(evolving, signals={"go": {"*"}})).run_once(), Suspended)
+    await store.deliver_signal(SignalDelivery("c1", "s1", "go", {}, "t", "k", "", "h"))
+    before = await store.history("c1")
+    calls.clear()
+    outcome = await worker(store, WorkflowDefinition(changed, signals={"go": {"*"}}), worker_id="w2").run_once()
+    assert isinstance(outcome, Failed) and not outcome.run_failed
+    assert f"'{diverging_key}'" in outcome.reason
+    assert await store.history("c1") == before
+    assert calls["b2"] == 0 and calls["c"] == 0
+    info = await store.get_run("c1")
+    assert info.status is RunStatus.READY and info.due_at is not None
+
+
+class Opaque:
+    pass
+
+
+@step()
+async def opaque() -> Any:
+    return Opaque()
+
+
+@workflow("bad-output")
+async def bad_output(ctx: WorkflowContext) -> None:
+    await a()
+    await opaque()
+
+
+async def test_unserialisable_output_fails_clearly(store: Any) -> None:
+    """A step output that cannot be recorded fails the run with a message saying what to return; earlier steps stay recorded."""
+    await store.enqueue(WorkflowTask("bad-output", 1, {}, checkpoint_id="c1"))
+    outcome = await worker(store, WorkflowDefinition(bad_output)).run_once()
+    assert isinstance(outcome, Failed) and outcome.run_failed
+    assert "opaque#1" in outcome.reason and "cannot be recorded" in outcome.reason and "JSON-compatible" in outcome.reason
+    assert await event_types(store, "c1") == ["run_started", "step_completed", "run_failed"]
+
+
+@workflow("three-steps")
+async def three_steps(ctx: WorkflowContext) -> int:
+    return await a() + await b() + await c()
+
+
+async def test_budget_limits_steps(store: Any) -> None:
+    """Exceeding the step budget fails the run before the extra step's body runs."""
+    await store.enqueue(WorkflowTask("three-steps", 1, {}, checkpoint_id="c1"))
+    outcome = await worker(store, WorkflowDefinition(three_steps, Budget(max_steps=2))).run_once()
+    assert isinstance(outcome, Failed) and "budget exceeded: steps" in outcome.reason
+    assert calls == Counter(a=1, b=1)
+
+
+@step(requires="payments")
+async def pay() -> str:
+    calls["pay"] += 1
+    return "paid"
+
+
+@workflow("paying")
+async def paying(ctx: WorkflowContext) -> str:
+    return await pay()
+
+
+async def test_missing_capability_fails_before_the_body(store: Any) -> None:
+    """A step requiring an ungranted capability fails the run and its body never runs; with the grant it runs."""
+    await store.enqueue(WorkflowTask("paying", 1, {}, checkpoint_id="c1"))
+    outcome = await worker(store, WorkflowDefinition(paying, Budget(), CapabilitySet())).run_once()
+    assert isinstance(outcome, Failed) and "'payments'" in outcome.reason and calls["pay"] == 0
+    await store.enqueue(WorkflowTask("paying", 1, {}, checkpoint_id="c2"))
+    granted = await worker(store, WorkflowDefinition(paying, Budget(), CapabilitySet("payments"))).run_once()
+    assert isinstance(granted, Completed) and calls["pay"] == 1
+
+
+@workflow("charging")
+async def charging(ctx: WorkflowContext) -> float:
+    ctx.charge(5)
+    await ctx.wait_signal("go")
+    ctx.charge(2)
+    return 0.0
+
+
+async def test_charges_count_once_and_usage_only_grows(store: Any) -> None:
+    """Cost units are charged once per call even though replay runs the charging code again."""
+    from runifold.stores import SignalDelivery
+
+    definition = WorkflowDefinition(charging, Budget(max_cost_units=10), signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("charging", 1, {}, checkpoint_id="c1"))
+    await worker(store, definition).run_once()
+    first = fold(await entries(store, "c1")).usage
+    await store.deliver_signal(SignalDelivery("c1", "s1", "go", {}, "t", "k", "", "h"))
+    assert isinstance(await worker(store, definition).run_once(), Completed)
+    second = fold(await entries(store, "c1")).usage
+    assert (first.cost_units, second.cost_units) == (5.0, 7.0)
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=NO_WAIT))
+async def always_fails() -> int:
+    calls["always"] += 1
+    raise ValueError("nope")
+
+
+@workflow("catching")
+async def catching(ctx: WorkflowContext) -> str:
+    try:
+        await always_fails()
+    except StepFailedError as exc:
+        return f"caught after {exc.attempts}"
+    return "unreachable"
+
+
+async def test_exhausted_retries_raise_into_the_workflow(store: Any) -> None:
+    """When a step's retry policy is exhausted, the workflow receives StepFailedError and may handle it."""
+    w = worker(store, WorkflowDefinition(catching))
+    await store.enqueue(WorkflowTask("catching", 1, {}, checkpoint_id="c1"))
+    assert isinstance(await w.run_once(), Retried)
+    done = await w.run_once()
+    assert isinstance(done, Completed) and done.output == "caught after 2" and calls["always"] == 2
+
+
+gates: dict[str, asyncio.Event] = {}
+
+
+@step()
+async def blocked() -> int:
+    calls["blocked"] += 1
+    await gates["gate"].wait()
+    return 1
+
+
+@workflow("blocking")
+async def blocking(ctx: WorkflowContext) -> int:
+    return await blocked()
+
+
+async def test_fenced_worker_gets_lease_lost_and_writes_nothing(store: Any) -> None:
+    """A worker whose lease was taken away cannot commit: it reports LeaseLost and the log is unchanged."""
+    gates["gate"] = asyncio.Event()
+    await store.enqueue(WorkflowTask("blocking", 1, {}, checkpoint_id="c1"))
+    running = asyncio.create_task(worker(store, WorkflowDefinition(blocking)).run_once())
+    while calls["blocked"] == 0:
+        await asyncio.sleep(0.01)
+    await store.intervene("c1", {RunStatus.RUNNING}, [EventRow.of(RunCancelled(by="test", reason="fence"))], RunStatus.CANCELLED)
+    before = await store.history("c1")
+    gates["gate"].set()
+    outcome = await running
+    assert isinstance(outcome, LeaseLost)
+    assert await store.history("c1") == before
+
+
+async def test_enqueue_validation(store: Any) -> None:
+    """Unknown workflows and ill-fitting input are refused with clear errors before anything is stored."""
+    registry = WorkflowRegistry(WorkflowDefinition(retrying))
+    with pytest.raises(UnknownWorkflowError, match="register its WorkflowDefinition"):
+        registry.validate(WorkflowTask("nope", 1, {}))
+    with pytest.raises(InvalidInputError, match="missing \\['order_id'\\]"):
+        registry.validate(WorkflowTask("retrying", 1, {}))
+    with pytest.raises(InvalidInputError):
+        WorkflowTask("retrying", 1, {"order_id": object()})
+    assert await store.list_runs() == []
+
+
+def test_value_types_validate() -> None:
+    """Invalid worker ids, lease durations and renewal intervals raise ConfigurationError at construction."""
+    for bad in ["", "has space", "-leading", "x" * 200]:
+        with pytest.raises(ConfigurationError):
+            WorkerId.parse(bad)
+    for bad_lease in [timedelta(0), timedelta(seconds=-1), timedelta(milliseconds=10)]:
+        with pytest.raises(ConfigurationError):
+            LeaseDuration(bad_lease)
+    from runifold.stores.memory import MemoryWorkflowStore
+
+    with pytest.raises(ConfigurationError, match="shorter than the lease"):
+        from runifold import WorkflowWorker
+
+        WorkflowWorker(MemoryWorkflowStore(), WorkflowRegistry(), WorkerId.parse("w"),
+                       LeaseDuration(timedelta(seconds=1)), timedelta(seconds=2))

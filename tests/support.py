@@ -1,0 +1,32 @@
+"""Small helpers shared by tests."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from runifold import LeaseDuration, WorkerId, WorkflowDefinition, WorkflowRegistry, WorkflowWorker
+from runifold.history import Entry, decode_event
+
+NO_WAIT = timedelta(0)
+
+
+def worker(store: Any, *definitions: WorkflowDefinition, worker_id: str = "w1", lease: float = 30.0) -> WorkflowWorker:
+    """A worker over ``definitions`` with a lease of ``lease`` seconds."""
+    return WorkflowWorker(
+        store, WorkflowRegistry(*definitions), WorkerId.parse(worker_id),
+        LeaseDuration(timedelta(seconds=lease)), timedelta(seconds=lease / 3),
+    )
+
+
+async def entries(store: Any, ref: str) -> list[Entry]:
+    """The decoded history of a run."""
+    return [Entry(e.seq, e.at, decode_event(e.body)) for e in await store.history(ref)]
+
+
+async def event_types(store: Any, ref: str) -> list[str]:
+    return [e.type for e in await store.history(ref)]
+
+
+async def keys(store: Any, ref: str, type_: str) -> list[str]:
+    return [e.key for e in await store.history(ref) if e.type == type_]
