@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, final
 
-from runifold.dsl._definition import EffectSpec, StepSpec
+from runifold.dsl._definition import EffectSpec, StepSpec, check_signal_name
 from runifold.errors import ConfigurationError, InvalidStateError
 
 
@@ -156,5 +156,6 @@ class WorkflowContext:
         Raises:
             WaitTimeoutError: when ``timeout`` passes first (also on replay).
         """
+        check_signal_name(name)
         b = _binding()
         return await b.driver.wait_signal(b.scope, name, None if timeout is None else timeout.total_seconds())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import inspect
 import random
+import re
 import typing
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +15,18 @@ from typing import Any, final
 from runifold.errors import ConfigurationError
 
 WORKFLOW_ATTR = "__runifold_workflow__"
+
+
+_SIGNAL_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
+
+
+def check_signal_name(name: str) -> str:
+    """Validate a signal name (it becomes part of call keys and is schema)."""
+    if not isinstance(name, str) or not _SIGNAL_NAME.match(name):
+        raise ConfigurationError(
+            f"invalid signal name {name!r}: use 1-100 letters, digits and '_.:-' (for example 'approval')"
+        )
+    return name
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -227,7 +240,7 @@ class WorkflowDefinition:
         self.budget = budget or Budget()
         self.capabilities = capabilities or CapabilitySet()
         self.signals: dict[str, frozenset[str]] = {
-            name: frozenset(senders) for name, senders in (signals or {}).items()
+            check_signal_name(name): frozenset(senders) for name, senders in (signals or {}).items()
         }
 
     @property

@@ -35,15 +35,14 @@ def decode_event(raw: bytes | str, *, where: str = "") -> AnyEvent:
 def to_plain(value: Any, *, what: str) -> Any:
     """Return ``value`` as JSON-compatible builtins, or raise ``SerializationError``."""
     try:
-        plain = msgspec.to_builtins(value, str_keys=True)
-        _encoder.encode(plain)
+        # a JSON round trip: exactly what a replay will see (tuples become lists, ...)
+        return _any_decoder.decode(_encoder.encode(value))
     except (TypeError, msgspec.EncodeError, OverflowError) as exc:
         raise SerializationError(
             f"{what} cannot be recorded ({exc}); return JSON-compatible data (dict, list, str, "
             "int, float, bool, None), a msgspec.Struct or a dataclass, and keep large artifacts "
             "outside the log, referenced by id"
         ) from exc
-    return plain
 
 
 def convert(value: Any, type_: Any, *, what: str) -> Any:

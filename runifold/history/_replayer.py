@@ -9,9 +9,10 @@ part. It performs no I/O and knows nothing of asyncio.
 Divergence rules:
 
 * a key recorded as one kind of call and called as another diverges;
-* within one task lineage (*scope*), calls happen one after another, so their
-  recorded positions must increase: a recorded key called after a later one,
-  or after a key history never saw, means the code was reordered or changed;
+* within one task lineage (*scope*, the part of a key before its last ``/``)
+  calls happen one after another and their first events are logged in call
+  order, so each scope must call exactly its next recorded key: anything else
+  means a call was removed, renamed, reordered or inserted;
 * before anything runs live, every recorded key must have been visited: an
   unvisited one was removed or renamed (:meth:`Replayer.check_all_visited`).
 """
@@ -19,7 +20,7 @@ Divergence rules:
 from __future__ import annotations
 
 import enum
-import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 
 from runifold.errors import NondeterminismError, SerializationError
@@ -82,6 +83,12 @@ def kind_of(event: AnyEvent) -> CallKind | None:
             return None
 
 
+def scope_of(key: str) -> str:
+    """Return the scope (task lineage) part of a call key."""
+    head, sep, _ = key.rpartition("/")
+    return head + sep
+
+
 class Replayer:
     """Index of a run's history by call key, with divergence checks."""
 
@@ -96,10 +103,9 @@ class Replayer:
         self.revision: int = entries[-1].seq
         self._events: dict[str, list[AnyEvent]] = {}
         self._kind: dict[str, CallKind] = {}
-        self._position: dict[str, int] = {}
         self._recorded_order: list[str] = []
         self._visited: set[str] = set()
-        self._scope_last: dict[str, tuple[float, str]] = {}
+        self._scope_queue: dict[str, deque[str]] = {}
         self._absorb(entries, visited=False)
 
     # -- building --------------------------------------------------------
@@ -114,11 +120,11 @@ class Replayer:
             if key not in self._events:
                 self._events[key] = []
                 self._kind[key] = kind
-                self._position[key] = entry.seq
                 if visited:
                     self._visited.add(key)
                 else:
                     self._recorded_order.append(key)
+                    self._scope_queue.setdefault(scope_of(key), deque()).append(key)
             self._events[key].append(entry.event)
 
     def extend(self, entries: Iterable[Entry]) -> None:
@@ -135,28 +141,29 @@ class Replayer:
         """Tell whether history holds any event for ``key``."""
         return key in self._events
 
-    def visit(self, key: str, kind: CallKind, scope: str) -> list[AnyEvent]:
+    def visit(self, key: str, kind: CallKind) -> list[AnyEvent]:
         """Record that the code called ``key``; return its recorded events.
 
         Raises:
             NondeterminismError: the key was recorded as another kind of call,
-                or the scope calls it out of its recorded order.
+                or its scope's next recorded call is a different key.
         """
         recorded_kind = self._kind.get(key)
         if recorded_kind is not None and recorded_kind is not kind:
             raise NondeterminismError(
                 key, recorded=f"a {recorded_kind} call", called=f"a {kind} call"
             )
-        position: float = self._position.get(key, math.inf)
-        last = self._scope_last.get(scope)
-        if last is not None and position < last[0]:
+        queue = self._scope_queue.get(scope_of(key))
+        while queue and queue[0] in self._visited:
+            queue.popleft()
+        expected = queue[0] if queue else None
+        if expected is not None and expected != key:
             raise NondeterminismError(
-                key,
-                recorded=f"{key} before {last[1]}",
-                called=f"{last[1]} before {key}",
-                detail="calls were reordered or one was inserted",
+                expected,
+                recorded=f"{self._kind[expected]} call {expected}",
+                called=f"{kind} call {key}",
+                detail="a call was removed, renamed, reordered or inserted",
             )
-        self._scope_last[scope] = (position, key)
         self._visited.add(key)
         return self.events(key)
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, TypeVar, final
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import msgspec
 import structlog
 
@@ -184,7 +184,8 @@ class PostgresWorkflowStore:
     # -- protocol -------------------------------------------------------------------
 
     async def now(self) -> float:
-        return await self._call(lambda c: c.fetchval("SELECT runifold_now()"))  # type: ignore[no-any-return]
+        value: float = await self._call(lambda c: c.fetchval("SELECT runifold_now()"))
+        return value
 
     async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
         input_json = task.input_json().decode()

@@ -240,8 +240,8 @@ class SqliteWorkflowStore:
             except sqlite3.Error:
                 pass
             raise
-        for future, value, exc in results:
-            _settle(future, value, exc)
+        for future, value, error in results:
+            _settle(future, value, error)
         self._work.set()
 
     # -- protocol -----------------------------------------------------------------

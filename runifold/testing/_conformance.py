@@ -47,7 +47,8 @@ class StoreConformance:
         await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id=checkpoint_id))
         claim = await store.claim("w1", {"wf"}, lease)
         assert claim is not None
-        return claim.lease
+        held: Lease = claim.lease
+        return held
 
     async def test_enqueue_is_idempotent_by_checkpoint_id(self, store: Any) -> None:
         """The same task under one checkpoint id yields the same run, created once."""

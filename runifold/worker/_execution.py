@@ -163,6 +163,10 @@ class _Usage:
     cost_units: float
 
 
+async def _call(definition: WorkflowDefinition, ctx: WorkflowContext, kwargs: dict[str, Any]) -> Any:
+    return await definition.fn(ctx, **kwargs)
+
+
 class Execution:
     """Drives one claimed run to completion, suspension or failure."""
 
@@ -232,7 +236,7 @@ class Execution:
         if self._closed or self._lost is not None:
             raise _Abandoned()  # the run is stopping: start nothing new
         try:
-            return self.replayer.visit(key, kind, scope.path)
+            return self.replayer.visit(key, kind)
         except NondeterminismError as exc:
             raise self._diverged(exc) from None
 
@@ -565,7 +569,7 @@ class Execution:
         root_ctx = contextvars.copy_context()
         root_ctx.run(current.set, Binding(self, Scope()))
         ctx = WorkflowContext(self)
-        root: asyncio.Task[Any] = asyncio.Task(self.definition.fn(ctx, **kwargs), loop=loop, context=root_ctx)
+        root: asyncio.Task[Any] = asyncio.Task(_call(self.definition, ctx, kwargs), loop=loop, context=root_ctx)
         self.track(root)
         renewer = asyncio.create_task(self._renew_loop(), context=contextvars.Context())
         try:

@@ -1,0 +1,65 @@
+"""Architecture guards: the pure core stays pure, drivers stay in their stores, the public API is pinned."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import runifold
+
+PACKAGE = Path(runifold.__file__).parent
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_history_is_pure() -> None:
+    """history/ imports no store, worker, DSL, asyncio, clock, randomness or I/O library."""
+    forbidden = ("runifold.stores", "runifold.worker", "runifold.dsl", "runifold.cli", "asyncio", "time",
+                 "random", "aiosqlite", "asyncpg", "sqlite3", "os", "socket")
+    for path in (PACKAGE / "history").glob("*.py"):
+        for module in imported_modules(path):
+            assert not module.startswith(forbidden), f"{path.name} imports {module}"
+
+
+def test_database_drivers_stay_in_their_store() -> None:
+    """Only stores/sqlite.py imports aiosqlite and only stores/postgres.py imports asyncpg."""
+    for path in PACKAGE.rglob("*.py"):
+        modules = imported_modules(path)
+        if "aiosqlite" in modules:
+            assert path == PACKAGE / "stores" / "sqlite.py", path
+        if "asyncpg" in modules:
+            assert path == PACKAGE / "stores" / "postgres.py", path
+
+
+def test_dsl_does_not_depend_on_workers_or_stores() -> None:
+    """Arrows point one way: dsl/ uses neither worker/ nor stores/."""
+    for path in (PACKAGE / "dsl").glob("*.py"):
+        for module in imported_modules(path):
+            assert not module.startswith(("runifold.worker", "runifold.stores")), f"{path.name} imports {module}"
+
+
+def test_public_api_is_pinned() -> None:
+    """runifold.__all__ is exactly the documented public API."""
+    assert sorted(runifold.__all__) == sorted([
+        "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "Completed",
+        "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
+        "EnqueueConflictError", "Evidence", "Failed", "Idle", "InvalidInputError", "InvalidStateError",
+        "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
+        "RegistrationError", "ResumePolicy", "Retried", "RetryPolicy", "RunFailure", "RunInfo",
+        "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalRejectedError",
+        "StepFailedError", "StoreError", "StoreUnavailableError", "SuspendReason", "Suspended",
+        "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
+        "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
+        "WorkflowWorker", "effect", "open_store", "step", "workflow",
+    ])
+    for name in runifold.__all__:
+        assert hasattr(runifold, name), name

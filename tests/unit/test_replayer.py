@@ -1,0 +1,112 @@
+"""The replayer, as a property: recorded histories replay cleanly, and every change is caught at the right key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runifold import Completed, WorkflowContext, WorkflowDefinition, WorkflowTask, step, workflow
+from runifold.stores.memory import MemoryWorkflowStore
+from runifold.worker._debug import replay
+from tests.support import entries, worker
+
+executed: Counter[str] = Counter()
+
+
+def _make_step(name: str) -> Any:
+    @step(id=name)
+    async def body(i: int) -> int:
+        executed[name] += 1
+        return i * 3 + len(name)
+
+    return body
+
+
+STEPS = {name: _make_step(name) for name in ["a", "b", "c"]}
+
+
+def make_workflow(plan: list[str]) -> WorkflowDefinition:
+    @workflow("prop")
+    async def wf(ctx: WorkflowContext) -> list[int]:
+        out: list[int] = []
+        for name in plan:
+            out.append(await STEPS[name](len(out)))
+        return out
+
+    return WorkflowDefinition(wf)
+
+
+def plan_keys(plan: list[str]) -> list[str]:
+    seen: Counter[str] = Counter()
+    keys = []
+    for name in plan:
+        seen[name] += 1
+        keys.append(f"{name}#{seen[name]}")
+    return keys
+
+
+async def record(plan: list[str]) -> tuple[Any, list[Any]]:
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("prop", 1, {}, checkpoint_id="p"))
+    outcome = await worker(store, make_workflow(plan)).run_once()
+    assert isinstance(outcome, Completed)
+    return outcome.output, await entries(store, "p")
+
+
+plans = st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=8)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(plan=plans)
+def test_recorded_history_replays_cleanly_without_running_bodies(plan: list[str]) -> None:
+    """Replaying a run's history against the code that wrote it gives the same result and runs no body."""
+
+    async def check() -> None:
+        output, history = await record(plan)
+        executed.clear()
+        report = await replay(make_workflow(plan), "p", history)
+        assert report.clean and report.finished and report.result == output
+        assert sum(executed.values()) == 0
+        assert [k for k, _ in report.steps] == plan_keys(plan)
+
+    asyncio.run(check())
+
+
+@st.composite
+def plan_and_change(draw: st.DrawFn) -> tuple[list[str], list[str]]:
+    plan = draw(plans)
+    kind = draw(st.sampled_from(["drop", "swap", "rename"]))
+    i = draw(st.integers(0, len(plan) - 1))
+    changed = list(plan)
+    if kind == "drop":
+        del changed[i]
+    elif kind == "rename":
+        changed[i] = draw(st.sampled_from([n for n in ["a", "b", "c"] if n != plan[i]]))
+    else:
+        j = draw(st.integers(0, len(plan) - 1))
+        changed[i], changed[j] = changed[j], changed[i]
+    return plan, changed
+
+
+@settings(max_examples=120, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(case=plan_and_change())
+def test_changed_code_is_caught_at_the_first_diverging_key(case: tuple[list[str], list[str]]) -> None:
+    """Dropping, swapping or renaming a call is reported at the first key where code and history differ."""
+    plan, changed = case
+    original, mutated = plan_keys(plan), plan_keys(changed)
+
+    async def check() -> None:
+        _, history = await record(plan)
+        report = await replay(make_workflow(changed), "p", history)
+        if original == mutated:
+            assert report.clean
+            return
+        first = next((i for i, (x, y) in enumerate(zip(original, mutated, strict=False)) if x != y), len(mutated))
+        assert report.divergence is not None, (plan, changed)
+        assert report.divergence.key == original[first], (plan, changed, report.divergence)
+
+    asyncio.run(check())
