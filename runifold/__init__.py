@@ -40,6 +40,7 @@ from runifold.errors import (
     WorkflowError,
 )
 from runifold.history import Checkpoint, Phase, Usage
+from runifold.signals import Authenticator, HmacKeyRing, SignalEnvelope, SignalGateway, sign
 from runifold.stores import RunInfo, RunStatus, WorkflowStore, WorkflowTask, open_store
 from runifold.worker import (
     Completed,
@@ -58,6 +59,7 @@ from runifold.worker import (
 )
 
 __all__ = [
+    "Authenticator",
     "Budget",
     "BudgetExceededError",
     "CapabilityDeniedError",
@@ -71,6 +73,7 @@ __all__ = [
     "EnqueueConflictError",
     "Evidence",
     "Failed",
+    "HmacKeyRing",
     "Idle",
     "InvalidInputError",
     "InvalidStateError",
@@ -90,6 +93,8 @@ __all__ = [
     "RunStatus",
     "RunifoldError",
     "SerializationError",
+    "SignalEnvelope",
+    "SignalGateway",
     "SignalRejectedError",
     "StepFailedError",
     "StoreError",
@@ -109,6 +114,7 @@ __all__ = [
     "WorkflowWorker",
     "effect",
     "open_store",
+    "sign",
     "step",
     "workflow",
 ]

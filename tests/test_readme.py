@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_readme_python_examples_run(tmp_path: Path) -> None:
-    """Every ```python block of the README runs to completion in a fresh interpreter."""
+    """Every ```python block of the README (complete programs; fragments are fenced ```py) runs in a fresh interpreter."""
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
     assert blocks
     for i, block in enumerate(blocks):

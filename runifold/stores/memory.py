@@ -7,6 +7,7 @@ critical section, so each is atomic on the event loop.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,13 @@ class MemoryWorkflowStore:
         self._by_checkpoint: dict[str, str] = {}
         self._audit: list[AuditRecord] = []
         self._work = asyncio.Event()
+        # (due_at, run_id) entries; stale ones (due_at changed since) are dropped lazily
+        self._due: list[tuple[float, str]] = []
+
+    def _schedule(self, run: _Run, due_at: float | None) -> None:
+        run.due_at = due_at
+        if due_at is not None:
+            heapq.heappush(self._due, (due_at, run.run_id))
 
     async def now(self) -> float:
         return self._clock()
@@ -122,6 +130,7 @@ class MemoryWorkflowStore:
                    RunStatus.READY, 0, now, now, now)
         self._append(run, [task.first_event()], now)
         self._runs[run.run_id] = run
+        self._schedule(run, now)
         if task.checkpoint_id is not None:
             self._by_checkpoint[task.checkpoint_id] = run.run_id
         self._work.set()
@@ -131,18 +140,27 @@ class MemoryWorkflowStore:
         self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
     ) -> Claim | None:
         now = self._clock()
-        due = [
-            r for r in self._runs.values()
-            if r.due_at is not None and r.due_at <= now and r.name in names and r.run_id not in exclude
-            and r.status in (RunStatus.READY, RunStatus.WAITING, RunStatus.RUNNING)
-        ]
-        if not due:
+        run: _Run | None = None
+        passed_over: list[tuple[float, str]] = []
+        while self._due and self._due[0][0] <= now:
+            due_at, run_id = heapq.heappop(self._due)
+            candidate = self._runs[run_id]
+            if candidate.due_at != due_at:
+                continue  # stale entry
+            if candidate.name not in names or run_id in exclude:
+                passed_over.append((due_at, run_id))
+                continue
+            run = candidate
+            break
+        for item in passed_over:
+            heapq.heappush(self._due, item)
+        if run is None:
             return None
-        run = min(due, key=lambda r: (r.due_at or 0.0, r.run_id))
         run.status = RunStatus.RUNNING
         run.lease_token += 1
         run.lease_owner = owner
-        run.lease_until = run.due_at = now + lease_seconds
+        run.lease_until = now + lease_seconds
+        self._schedule(run, run.lease_until)
         inbox = [sig for sig, consumed in run.signals.values() if not consumed]
         return Claim(run.run_id, run.checkpoint_id, run.name, run.version,
                      Lease(run.run_id, owner, run.lease_token, run.lease_until), now, list(run.events), inbox)
@@ -150,7 +168,8 @@ class MemoryWorkflowStore:
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         now = self._clock()
         run = self._held(lease, now)
-        run.lease_until = run.due_at = now + lease_seconds
+        run.lease_until = now + lease_seconds
+        self._schedule(run, run.lease_until)
         return Lease(lease.run_id, lease.owner, lease.token, run.lease_until)
 
     async def commit(
@@ -172,12 +191,13 @@ class MemoryWorkflowStore:
         columns = transition_columns(transition)
         if columns is None:
             return result
-        run.status, run.due_at = columns.status, columns.due_at
-        run.wait_signals, run.reason = columns.wait_signals, columns.reason
+        run.status, run.wait_signals, run.reason = columns.status, columns.wait_signals, columns.reason
+        due_at = columns.due_at
         if run.status is RunStatus.WAITING and any(
             sig.name in run.wait_signals for sig, consumed in run.signals.values() if not consumed
         ):
-            run.due_at = now  # invariant: no lost wakeup for a signal that beat the wait
+            due_at = now  # invariant: no lost wakeup for a signal that beat the wait
+        self._schedule(run, due_at)
         self._clear_lease(run)
         self._work.set()
         return result
@@ -187,7 +207,8 @@ class MemoryWorkflowStore:
         run = self._runs.get(lease.run_id)
         if run is None or run.status is not RunStatus.RUNNING or run.lease_token != lease.token:
             return
-        run.status, run.due_at = RunStatus.READY, now
+        run.status = RunStatus.READY
+        self._schedule(run, now)
         self._clear_lease(run)
         self._work.set()
 
@@ -202,7 +223,7 @@ class MemoryWorkflowStore:
         run.lease_token += 1  # fences off any current holder
         self._clear_lease(run)
         run.status = status
-        run.due_at = None if status.finished else now
+        self._schedule(run, None if status.finished else now)
         self._work.set()
         return result
 
@@ -235,7 +256,7 @@ class MemoryWorkflowStore:
         detail = "run finished; kept unconsumed" if run.status.finished else ""
         self._audit.append(_audit(delivery, run.run_id, "accepted", detail, now))
         if run.status is RunStatus.WAITING and delivery.name in run.wait_signals:
-            run.due_at = now
+            self._schedule(run, now)
             self._work.set()
         return SignalReceipt(run.run_id, delivery.signal_id, False, now, run.status)
 

@@ -586,6 +586,8 @@ class Execution:
             await self._cleanup()
         finally:
             renewer.cancel()
+            # invariant: no task of this run outlives run_once()
+            await asyncio.gather(renewer, return_exceptions=True)
         return await self._finish(root)
 
     async def _cleanup(self) -> None:

@@ -36,9 +36,9 @@ class CrashEnv:
             "RUNIFOLD_TEST_BLOCK": str(self.tmp / "block"),
         }
 
-    def spawn(self, worker_id: str, lease: float) -> subprocess.Popen[str]:
+    def spawn(self, worker_id: str, lease: float, *app: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.crash.proc_worker", self.url, worker_id, str(lease)],
+            [sys.executable, "-m", "tests.crash.proc_worker", self.url, worker_id, str(lease), *app],
             cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
 

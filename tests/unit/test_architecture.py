@@ -50,16 +50,16 @@ def test_dsl_does_not_depend_on_workers_or_stores() -> None:
 def test_public_api_is_pinned() -> None:
     """runifold.__all__ is exactly the documented public API."""
     assert sorted(runifold.__all__) == sorted([
-        "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "Completed",
+        "Authenticator", "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "Completed",
         "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
-        "EnqueueConflictError", "Evidence", "Failed", "Idle", "InvalidInputError", "InvalidStateError",
+        "EnqueueConflictError", "Evidence", "Failed", "HmacKeyRing", "Idle", "InvalidInputError", "InvalidStateError",
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
         "RegistrationError", "ResumePolicy", "Retried", "RetryPolicy", "RunFailure", "RunInfo",
-        "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalRejectedError",
+        "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalEnvelope", "SignalGateway", "SignalRejectedError",
         "StepFailedError", "StoreError", "StoreUnavailableError", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
-        "WorkflowWorker", "effect", "open_store", "step", "workflow",
+        "WorkflowWorker", "effect", "open_store", "sign", "step", "workflow",
     ])
     for name in runifold.__all__:
         assert hasattr(runifold, name), name

@@ -1,0 +1,312 @@
+"""Timers and signals on every store: durable waits, authentication, deduplication, audit, no lost wakeups."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from runifold import (
+    Completed,
+    HmacKeyRing,
+    Idle,
+    RunStatus,
+    SignalEnvelope,
+    SignalGateway,
+    SignalRejectedError,
+    Suspended,
+    SuspendReason,
+    WaitTimeoutError,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    sign,
+    step,
+    workflow,
+)
+from runifold.history import SignalReceived, TimerFired, TimerStarted
+from runifold.testing import FakeClock
+from tests.support import entries, worker
+
+ALICE = b"alice-secret-0123456789abcdef"
+BOB = b"bob-secret-0123456789abcdef012"
+
+
+@workflow("approval")
+async def approval(ctx: WorkflowContext, order_id: str) -> dict[str, Any]:
+    try:
+        decision = await ctx.wait_signal("approval", timeout=timedelta(days=2))
+    except WaitTimeoutError:
+        return {"order_id": order_id, "approved": False, "why": "timed out"}
+    return {"order_id": order_id, "approved": decision["approved"]}
+
+
+APPROVAL = WorkflowDefinition(approval, signals={"approval": {"alice"}, "comment": {"alice", "bob"}})
+
+
+def keyring() -> HmacKeyRing:
+    ring = HmacKeyRing()
+    ring.add("alice-1", "alice", ALICE)
+    ring.add("bob-1", "bob", BOB)
+    return ring
+
+
+def envelope(target: str, signal_id: str, now: float, *, name: str = "approval", sender: str = "alice",
+             key_id: str = "alice-1", secret: bytes = ALICE, payload: Any = None) -> SignalEnvelope:
+    unsigned = SignalEnvelope(target=target, name=name, payload={"approved": True} if payload is None else payload,
+                              signal_id=signal_id, sender=sender, reason="looks good", key_id=key_id, timestamp=now)
+    return sign(unsigned, secret)
+
+
+def gateway(store: Any, ring: HmacKeyRing | None = None) -> SignalGateway:
+    return SignalGateway(store, WorkflowRegistry(APPROVAL), ring or keyring())
+
+
+async def test_signal_resumes_a_suspended_run_and_history_explains_it(store: Any) -> None:
+    """A waiting run holds no worker; the signal makes it claimable, and the history shows sender, signal id and reason."""
+    await store.enqueue(WorkflowTask("approval", 1, {"order_id": "o1"}, checkpoint_id="o1"))
+    outcome = await worker(store, APPROVAL).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.SIGNAL
+    assert outcome.signals == ("approval",) and outcome.until is not None
+    assert (await store.get_run("o1")).status is RunStatus.WAITING
+    assert isinstance(await worker(store, APPROVAL).run_once(), Idle)
+    receipt = await gateway(store).send(envelope("o1", "sig-1", await store.now()))
+    assert not receipt.duplicate
+    done = await worker(store, APPROVAL, worker_id="w2").run_once()
+    assert isinstance(done, Completed) and done.output == {"order_id": "o1", "approved": True}
+    [received] = [e.event for e in await entries(store, "o1") if isinstance(e.event, SignalReceived)]
+    assert (received.sender, received.signal_id, received.reason) == ("alice", "sig-1", "looks good")
+
+
+async def test_signal_before_the_wait_is_delivered(store: Any) -> None:
+    """A signal sent before the workflow reaches its wait is consumed when the wait starts."""
+    await store.enqueue(WorkflowTask("approval", 1, {"order_id": "o1"}, checkpoint_id="o1"))
+    await gateway(store).send(envelope("o1", "early", await store.now()))
+    done = await worker(store, APPROVAL).run_once()
+    assert isinstance(done, Completed) and done.output["approved"] is True
+
+
+gates: dict[str, asyncio.Event] = {}
+
+
+@step()
+async def slow_step() -> int:
+    gates["started"].set()
+    await gates["release"].wait()
+    return 1
+
+
+@workflow("slow-then-wait")
+async def slow_then_wait(ctx: WorkflowContext) -> Any:
+    await slow_step()
+    return await ctx.wait_signal("approval")
+
+
+SLOW = WorkflowDefinition(slow_then_wait, signals={"approval": {"alice"}})
+
+
+async def test_signal_during_a_run_is_not_lost(store: Any) -> None:
+    """A signal that arrives while a worker runs (or replays) the run wakes it as soon as it suspends."""
+    gates.update(started=asyncio.Event(), release=asyncio.Event())
+    await store.enqueue(WorkflowTask("slow-then-wait", 1, {}, checkpoint_id="r1"))
+    w = worker(store, SLOW)
+    running = asyncio.create_task(w.run_once())
+    await gates["started"].wait()
+    await SignalGateway(store, WorkflowRegistry(SLOW), keyring()).send(envelope("r1", "mid", await store.now()))
+    gates["release"].set()
+    first = await running
+    if isinstance(first, Suspended):  # the signal arrived after the claim's inbox was read
+        first = await w.run_once()
+    assert isinstance(first, Completed) and first.output == {"approved": True}
+
+
+@workflow("no-wait")
+async def no_wait(ctx: WorkflowContext) -> str:
+    return "done"
+
+
+async def test_signal_to_a_finished_run_is_recorded_unconsumed(store: Any) -> None:
+    """A signal racing the run's completion is kept as unconsumed, never dropped."""
+    definition = WorkflowDefinition(no_wait, signals={"approval": {"alice"}})
+    await store.enqueue(WorkflowTask("no-wait", 1, {}, checkpoint_id="f1"))
+    assert isinstance(await worker(store, definition).run_once(), Completed)
+    receipt = await SignalGateway(store, WorkflowRegistry(definition), keyring()).send(envelope("f1", "late", await store.now()))
+    assert receipt.run_status is RunStatus.COMPLETED
+    [record] = await store.audit("f1")
+    assert record.verdict == "accepted" and "unconsumed" in record.detail
+
+
+async def test_a_thousand_deliveries_of_one_signal_id_record_one(open_store: Any) -> None:
+    """1,000 concurrent deliveries of one signal id from several store handles: one recorded, 999 duplicates."""
+    handles = [await open_store() for _ in range(4)]
+    await handles[0].enqueue(WorkflowTask("approval", 1, {"order_id": "o1"}, checkpoint_id="o1"))
+    now = await handles[0].now()
+    signed = envelope("o1", "same-id", now)
+    receipts = await asyncio.gather(*[gateway(handles[i % 4]).send(signed) for i in range(1000)])
+    assert sum(not r.duplicate for r in receipts) == 1
+    assert len({r.received_at for r in receipts}) == 1
+    verdicts = [a.verdict for a in await handles[0].audit("o1")]
+    assert verdicts.count("accepted") == 1 and verdicts.count("duplicate") == 999
+    done = await worker(handles[0], APPROVAL).run_once()
+    assert isinstance(done, Completed)
+    assert sum(isinstance(e.event, SignalReceived) for e in await entries(handles[0], "o1")) == 1
+
+
+async def test_tampered_and_unauthorised_signals_change_nothing(store: Any) -> None:
+    """Tampered, expired, future-dated, wrong-key, revoked-key, unknown and out-of-scope envelopes: none accepted, no state change, all audited."""
+    ring = keyring()
+    ring.add("alice-old", "alice", b"alice-old-secret-0123456789")
+    ring.revoke("alice-old")
+    await store.enqueue(WorkflowTask("approval", 1, {"order_id": "o1"}, checkpoint_id="o1"))
+    await store.enqueue(WorkflowTask("approval", 1, {"order_id": "o2"}, checkpoint_id="o2"))
+    await worker(store, APPROVAL).run_once()
+    await worker(store, APPROVAL).run_once()
+    now = await store.now()
+    good = envelope("o1", "s1", now)
+    corpus = {
+        "tampered payload": msgspec.structs.replace(good, payload={"approved": False}),
+        "tampered reason": msgspec.structs.replace(good, reason="forged"),
+        "tampered signal id": msgspec.structs.replace(good, signal_id="s2"),
+        "tampered target": msgspec.structs.replace(good, target="o2"),
+        "tampered timestamp": msgspec.structs.replace(good, timestamp=now + 1),
+        "forged sender": msgspec.structs.replace(good, sender="bob"),
+        "expired": envelope("o1", "s3", now - 400),
+        "future-dated": envelope("o1", "s4", now + 400),
+        "wrong key": envelope("o1", "s5", now, secret=BOB),
+        "revoked key": envelope("o1", "s6", now, key_id="alice-old", secret=b"alice-old-secret-0123456789"),
+        "unknown key": envelope("o1", "s7", now, key_id="nobody-1"),
+        "out of scope": envelope("o1", "s8", now, sender="bob", key_id="bob-1", secret=BOB),
+        "unknown signal name": envelope("o1", "s9", now, name="cancel"),
+    }
+    before = {ref: (await store.get_run(ref), await store.history(ref)) for ref in ("o1", "o2")}
+    for label, env in corpus.items():
+        with pytest.raises(SignalRejectedError):
+            await gateway(store, ring).send(env)
+        assert {ref: (await store.get_run(ref), await store.history(ref)) for ref in ("o1", "o2")} == before, label
+    audit = await store.audit("o1") + await store.audit("o2")
+    assert len(audit) == len(corpus) and all(a.verdict.startswith("rejected:") for a in audit)
+    assert all("secret" not in msgspec.json.encode(a).decode() for a in audit)
+    assert isinstance(await worker(store, APPROVAL).run_once(), Idle)
+    await gateway(store, ring).send(good)
+    assert isinstance(await worker(store, APPROVAL).run_once(), Completed)
+
+
+@step()
+async def after_sleep() -> str:
+    return "woke"
+
+
+@workflow("sleeper")
+async def sleeper(ctx: WorkflowContext) -> str:
+    await ctx.sleep(timedelta(hours=1))
+    return await after_sleep()
+
+
+async def test_timer_fires_once_never_early_across_a_restart(open_store: Any) -> None:
+    """A timer fires exactly once, not before its deadline on the store's clock, with a different worker after a restart."""
+    clock = FakeClock()
+    store = await open_store(clock=clock)
+    await store.enqueue(WorkflowTask("sleeper", 1, {}, checkpoint_id="t1"))
+    suspended = await worker(store, WorkflowDefinition(sleeper)).run_once()
+    assert isinstance(suspended, Suspended) and suspended.reason is SuspendReason.TIMER
+    assert suspended.until == pytest.approx(clock() + 3600, abs=1)
+    clock.advance(3590)
+    assert isinstance(await worker(store, WorkflowDefinition(sleeper), worker_id="w2").run_once(), Idle)
+    clock.advance(11)
+    done = await worker(store, WorkflowDefinition(sleeper), worker_id="w3").run_once()
+    assert isinstance(done, Completed) and done.output == "woke"
+    history = await entries(store, "t1")
+    [started] = [e.event for e in history if isinstance(e.event, TimerStarted)]
+    fired = [e.event for e in history if isinstance(e.event, TimerFired)]
+    assert len(fired) == 1 and fired[0].fired_at >= started.fire_at
+    clock.advance(7200)
+    assert isinstance(await worker(store, WorkflowDefinition(sleeper)).run_once(), Idle)
+
+
+async def test_wait_timeout_raises_inside_the_workflow_identically_on_replay(open_store: Any) -> None:
+    """A wait that times out raises WaitTimeoutError in the workflow; a later replay takes the same path."""
+    from runifold.worker._debug import replay
+
+    clock = FakeClock()
+    store = await open_store(clock=clock)
+    await store.enqueue(WorkflowTask("approval", 1, {"order_id": "o1"}, checkpoint_id="o1"))
+    assert isinstance(await worker(store, APPROVAL).run_once(), Suspended)
+    clock.advance(timedelta(days=2, seconds=1))
+    done = await worker(store, APPROVAL).run_once()
+    assert isinstance(done, Completed) and done.output["why"] == "timed out"
+    report = await replay(APPROVAL, "o1", await entries(store, "o1"))
+    assert report.clean and report.result == done.output
+
+
+async def test_ten_thousand_suspended_runs_hold_nothing_in_the_worker() -> None:
+    """10,000 suspended runs leave no task, coroutine or execution state in the worker process."""
+    from runifold.stores.memory import MemoryWorkflowStore
+    from runifold.worker._execution import Execution
+
+    store = MemoryWorkflowStore()
+    w = worker(store, APPROVAL)
+    for i in range(10_000):
+        await store.enqueue(WorkflowTask("approval", 1, {"order_id": f"o{i}"}, checkpoint_id=f"o{i}"))
+    baseline_tasks = len(asyncio.all_tasks())
+    started = time.perf_counter()
+    for _ in range(10_000):
+        assert isinstance(await w.run_once(), Suspended)
+    elapsed = time.perf_counter() - started
+    assert isinstance(await w.run_once(), Idle)
+    for _ in range(3):  # let the loop run pending done-callbacks
+        await asyncio.sleep(0)
+    gc.collect()
+    assert len(asyncio.all_tasks()) == baseline_tasks
+    assert not any(isinstance(o, Execution) for o in gc.get_objects())
+    assert len(await store.list_runs(status=RunStatus.WAITING, limit=20_000)) == 10_000
+    print(f"10,000 runs suspended in {elapsed:.2f} s; tasks after: {len(asyncio.all_tasks())} (baseline {baseline_tasks})")
+
+
+@workflow("short-sleeper")
+async def short_sleeper(ctx: WorkflowContext) -> str:
+    await ctx.sleep(timedelta(seconds=0.5))
+    return await after_sleep()
+
+
+async def test_timer_on_the_real_store_clock(store: Any) -> None:
+    """On every store's own clock (PostgreSQL's included) a timer is not claimable before its deadline and fires once after."""
+    definition = WorkflowDefinition(short_sleeper)
+    await store.enqueue(WorkflowTask("short-sleeper", 1, {}, checkpoint_id="t1"))
+    suspended = await worker(store, definition).run_once()
+    assert isinstance(suspended, Suspended) and suspended.until is not None
+    assert isinstance(await worker(store, definition).run_once(), Idle)
+    while await store.now() < suspended.until:
+        await asyncio.sleep(0.05)
+    done = await worker(store, definition, worker_id="w2").run_once()
+    assert isinstance(done, Completed)
+    history = await entries(store, "t1")
+    [started] = [e.event for e in history if isinstance(e.event, TimerStarted)]
+    [fired] = [e.event for e in history if isinstance(e.event, TimerFired)]
+    assert fired.fired_at >= started.fire_at
+
+
+@workflow("short-approval")
+async def short_approval(ctx: WorkflowContext) -> str:
+    try:
+        await ctx.wait_signal("approval", timeout=timedelta(seconds=0.4))
+    except WaitTimeoutError:
+        return "timed out"
+    return "approved"
+
+
+async def test_wait_timeout_on_the_real_store_clock(store: Any) -> None:
+    """A signal wait with a timeout wakes by itself on the store's clock and raises WaitTimeoutError in the workflow."""
+    definition = WorkflowDefinition(short_approval, signals={"approval": {"alice"}})
+    await store.enqueue(WorkflowTask("short-approval", 1, {}, checkpoint_id="a1"))
+    suspended = await worker(store, definition).run_once()
+    assert isinstance(suspended, Suspended) and suspended.until is not None
+    while await store.now() < suspended.until:
+        await asyncio.sleep(0.05)
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "timed out"

@@ -1,0 +1,32 @@
+"""The examples run as the README says and print what it promises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_example(name: str, tmp_path: Path, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_order_intake_demo(tmp_path: Path) -> None:
+    """The demo completes the order, prints its history, and does not repeat a finished run."""
+    out = run_example("order_intake.py", tmp_path, str(tmp_path / "demo.db"))
+    assert out.startswith("Completed(") and "'total': 2999" in out
+    assert "step_completed    reserve_stock#1" in out and "run_completed" in out
+    assert "created=False" in out and "next claim -> Idle()" in out
+
+
+def test_approval_example(tmp_path: Path) -> None:
+    """The approval example suspends, accepts alice's signed approval once, refuses a forgery, and completes."""
+    out = run_example("approval.py", tmp_path, f"sqlite:///{tmp_path / 'approval.db'}")
+    assert "worker: Suspended(" in out and "duplicate=True" in out
+    assert "forged: signal rejected (bad_signature)" in out and "'status': 'shipped'" in out
+    assert "rejected:bad_signature" in out
