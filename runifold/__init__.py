@@ -39,7 +39,7 @@ from runifold.errors import (
     WaitTimeoutError,
     WorkflowError,
 )
-from runifold.history import Checkpoint, Phase, Usage
+from runifold.history import Checkpoint, Phase, Resolution, Usage
 from runifold.signals import Authenticator, HmacKeyRing, SignalEnvelope, SignalGateway, sign
 from runifold.stores import RunInfo, RunStatus, WorkflowStore, WorkflowTask, open_store
 from runifold.worker import (
@@ -56,6 +56,8 @@ from runifold.worker import (
     WorkerId,
     WorkflowRegistry,
     WorkflowWorker,
+    cancel_run,
+    resolve_effect,
 )
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "Phase",
     "RegistrationError",
     "ResumePolicy",
+    "Resolution",
     "Retried",
     "RetryPolicy",
     "RunFailure",
@@ -112,8 +115,10 @@ __all__ = [
     "WorkflowStore",
     "WorkflowTask",
     "WorkflowWorker",
+    "cancel_run",
     "effect",
     "open_store",
+    "resolve_effect",
     "sign",
     "step",
     "workflow",

@@ -30,3 +30,12 @@ def test_approval_example(tmp_path: Path) -> None:
     assert "worker: Suspended(" in out and "duplicate=True" in out
     assert "forged: signal rejected (bad_signature)" in out and "'status': 'shipped'" in out
     assert "rejected:bad_signature" in out
+
+
+def test_payment_example(tmp_path: Path) -> None:
+    """The payment example replays a charge found by evidence and parks an unknown one until resolved; nothing is charged twice."""
+    out = run_example("payment.py", tmp_path, f"sqlite:///{tmp_path / 'payment.db'}")
+    assert "ord_2: Completed(" in out and "'effect_reconciled', 'step_completed'" in out
+    assert "ord_3: Suspended(" in out and "AMBIGUOUS" in out
+    assert "provider applied 2 charge(s) for 2 settled orders" in out
+    assert "ord_3 after resolution: Completed(" in out and "provider applied 3 charge(s) in total" in out

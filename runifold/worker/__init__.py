@@ -1,5 +1,6 @@
 """Workers: the registry, value types, outcomes, ``WorkflowWorker`` and ``Supervisor``."""
 
+from runifold.worker._admin import cancel_run, resolve_effect
 from runifold.worker._outcome import (
     Completed,
     DefinitionUnavailable,
@@ -17,5 +18,5 @@ from runifold.worker._worker import WorkflowWorker
 
 __all__ = [
     "Completed", "DefinitionUnavailable", "Failed", "Idle", "LeaseDuration", "LeaseLost", "Outcome",
-    "Retried", "Suspended", "SuspendReason", "WorkerId", "WorkflowRegistry", "WorkflowWorker",
+    "Retried", "Suspended", "SuspendReason", "WorkerId", "WorkflowRegistry", "WorkflowWorker", "cancel_run", "resolve_effect",
 ]

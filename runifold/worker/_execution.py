@@ -466,8 +466,15 @@ class Execution:
                     await self._commit([EffectReconciled(key=key, verdict=Verdict.APPLIED, output=plain, detail=evidence.detail)])
                     return Done(plain)
                 if evidence.verdict == Verdict.NOT_APPLIED:
-                    self._pending.append(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail))
-                    return Fresh(attempt + 1)
+                    not_applied = EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)
+                    if attempt >= spec.retry.max_attempts:
+                        raise self._park(key, f"not applied after {attempt} attempt(s) with unknown outcomes", [not_applied])
+                    self._pending.append(not_applied)
+                    if recovering:
+                        return Fresh(attempt + 1)
+                    at = self.store_time() + spec.retry.backoff(attempt + 1)
+                    raise self._stop(_Halt(_Kind.RESCHEDULE, wake_at=at, key=key, attempt=attempt + 1,
+                                           reason=f"effect {key} was not applied; trying again"))
                 raise self._park(key, f"reconcile found no evidence either way: {evidence.detail}",
                                  [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=evidence.detail)])
             case _ as unreachable:

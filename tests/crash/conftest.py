@@ -34,12 +34,14 @@ class CrashEnv:
             "RUNIFOLD_TEST_COUNTS": str(self.tmp / "counts"),
             "RUNIFOLD_TEST_INFLIGHT": str(self.tmp / "inflight"),
             "RUNIFOLD_TEST_BLOCK": str(self.tmp / "block"),
+            "RUNIFOLD_TEST_DIR": str(self.tmp),
         }
 
-    def spawn(self, worker_id: str, lease: float, *app: str) -> subprocess.Popen[str]:
+    def spawn(self, worker_id: str, lease: float, *app: str, exit_idle: bool = False) -> subprocess.Popen[str]:
+        env = {**self.env, "RUNIFOLD_TEST_EXIT_IDLE": "1"} if exit_idle else self.env
         return subprocess.Popen(
             [sys.executable, "-m", "tests.crash.proc_worker", self.url, worker_id, str(lease), *app],
-            cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
 
     def counts(self) -> Counter[str]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import sys
 import time
 from datetime import timedelta
 
-from runifold import Completed, Failed, LeaseDuration, LeaseLost, Suspended, WorkerId, WorkflowRegistry, WorkflowWorker, open_store
+from runifold import Completed, Failed, Idle, LeaseDuration, LeaseLost, Suspended, WorkerId, WorkflowRegistry, WorkflowWorker, open_store
 
 
 async def main(url: str, worker_id: str, lease: float, app: str = "tests.crash.app:registry") -> None:
@@ -28,6 +29,8 @@ async def main(url: str, worker_id: str, lease: float, app: str = "tests.crash.a
             outcome = await worker.run_once()
             print(type(outcome).__name__, flush=True)
             if isinstance(outcome, (Completed, Failed, LeaseLost, Suspended)):
+                return
+            if isinstance(outcome, Idle) and os.environ.get("RUNIFOLD_TEST_EXIT_IDLE"):
                 return
             await asyncio.sleep(0.05)
     finally:

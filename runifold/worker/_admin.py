@@ -1,0 +1,87 @@
+"""Operator actions on runs: resolve an ambiguous effect, cancel a run.
+
+Both append to the run's history with who and why, through the store's
+``intervene``, which fences off any worker holding the run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from runifold.errors import InvalidStateError
+from runifold.history import (
+    Ambiguous,
+    Entry,
+    Resolution,
+    RunCancelled,
+    decode_event,
+    effect_state,
+    fold,
+    to_plain,
+)
+from runifold.history import EffectResolved as EffectResolvedEvent
+from runifold.stores import CommitResult, EventRow, RunStatus, WorkflowStore
+
+log = structlog.get_logger("runifold.admin")
+
+_UNFINISHED = {RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED}
+
+
+async def _history(store: WorkflowStore, run_ref: str) -> list[Entry]:
+    return [Entry(e.seq, e.at, decode_event(e.body)) for e in await store.history(run_ref)]
+
+
+async def resolve_effect(
+    store: WorkflowStore,
+    run_ref: str,
+    key: str,
+    resolution: Resolution,
+    *,
+    by: str,
+    reason: str,
+    output: Any = None,
+) -> CommitResult:
+    """Settle an ambiguous effect of a parked run and make the run claimable again.
+
+    Args:
+        run_ref: run id or checkpoint id.
+        key: the effect's key as the history shows it (e.g. ``charge_card#1``).
+        resolution: ``APPLIED`` (with ``output``, what the effect returned),
+            ``RETRY`` (run it again with the same idempotency key) or ``FAIL``
+            (the workflow receives ``EffectFailedError``).
+        by: who decided (recorded in the history).
+        reason: why (recorded in the history).
+
+    Raises:
+        InvalidStateError: the run is not parked or ``key`` is not an ambiguous effect.
+    """
+    if not by or not reason:
+        raise InvalidStateError("resolving an effect needs `by` (who) and `reason` (why); both go into the history")
+    history = await _history(store, run_ref)
+    events = [e.event for e in history if e.event.key == key]
+    if not isinstance(effect_state(events), Ambiguous):
+        ambiguous = sorted(k for k, status in fold(history).pending_effects.items() if status == "ambiguous")
+        raise InvalidStateError(
+            f"{key!r} is not an ambiguous effect of run {run_ref}; ambiguous effects: {ambiguous or 'none'}"
+        )
+    plain = to_plain(output, what="the resolution's output") if resolution is Resolution.APPLIED else None
+    event = EffectResolvedEvent(key=key, resolution=resolution, by=by, reason=reason, output=plain)
+    result = await store.intervene(run_ref, {RunStatus.PARKED}, [EventRow.of(event)], RunStatus.READY)
+    log.info("effect_resolved", run_ref=run_ref, key=key, resolution=str(resolution), by=by)
+    return result
+
+
+async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str) -> CommitResult:
+    """Cancel an unfinished run: append ``run_cancelled`` and fence off any worker holding it.
+
+    Raises:
+        InvalidStateError: the run already finished.
+    """
+    if not by or not reason:
+        raise InvalidStateError("cancelling a run needs `by` (who) and `reason` (why); both go into the history")
+    event = RunCancelled(by=by, reason=reason)
+    result = await store.intervene(run_ref, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED)
+    log.info("run_cancelled", run_ref=run_ref, by=by)
+    return result

@@ -1,0 +1,185 @@
+"""Effects on every store: timeouts are unknown (never failures), definite failures retry, grants, operator actions."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runifold import (
+    CapabilitySet,
+    Completed,
+    EffectFailedError,
+    EffectOutcomeUnknown,
+    Evidence,
+    Failed,
+    Idle,
+    InvalidStateError,
+    Resolution,
+    ResumePolicy,
+    Retried,
+    RetryPolicy,
+    RunStatus,
+    Suspended,
+    SuspendReason,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowTask,
+    cancel_run,
+    effect,
+    resolve_effect,
+    workflow,
+)
+from runifold.history import EffectStarted
+from tests.support import entries, event_types, worker
+
+calls: Counter[str] = Counter()
+seen_keys: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+    seen_keys.clear()
+
+
+@effect(resume=ResumePolicy.MANUAL, timeout=timedelta(seconds=0.2))
+async def hangs_manual(key: str) -> str:
+    calls["hangs"] += 1
+    await asyncio.sleep(5)
+    return "never"
+
+
+@effect(resume=ResumePolicy.REPEAT, timeout=timedelta(seconds=0.2), retry=RetryPolicy(max_attempts=2, initial=timedelta(0)))
+async def hangs_repeat(key: str) -> str:
+    calls["hangs"] += 1
+    seen_keys.append(key)
+    await asyncio.sleep(5)
+    return "never"
+
+
+async def unknown_evidence(key: str) -> Evidence:
+    calls["reconcile"] += 1
+    return Evidence.unknown("provider did not answer")
+
+
+@effect(resume=ResumePolicy.RECONCILE, reconcile=unknown_evidence)
+async def lost_connection(key: str) -> str:
+    calls["lost"] += 1
+    raise ConnectionError("connection reset")
+
+
+def single(fn: Any, name: str) -> WorkflowDefinition:
+    @workflow(name)
+    async def wf(ctx: WorkflowContext) -> Any:
+        try:
+            return await fn()
+        except EffectFailedError as exc:
+            return f"failed: {exc.reason}"
+
+    return WorkflowDefinition(wf)
+
+
+async def test_a_timeout_is_unknown_not_failed(store: Any) -> None:
+    """A body that times out is never recorded as failed: MANUAL parks it as ambiguous."""
+    await store.enqueue(WorkflowTask("hang-manual", 1, {}, checkpoint_id="e1"))
+    outcome = await worker(store, single(hangs_manual, "hang-manual")).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS
+    types = await event_types(store, "e1")
+    assert types == ["run_started", "effect_started", "effect_ambiguous"]
+    assert (await store.get_run("e1")).status is RunStatus.PARKED
+
+
+async def test_repeated_timeouts_with_repeat_reuse_the_key_then_park(store: Any) -> None:
+    """REPEAT retries a timed-out call with the same key and parks it when attempts run out; nothing is marked failed."""
+    definition = single(hangs_repeat, "hang-repeat")
+    await store.enqueue(WorkflowTask("hang-repeat", 1, {}, checkpoint_id="e1"))
+    assert isinstance(await worker(store, definition).run_once(), Retried)
+    parked = await worker(store, definition).run_once()
+    assert isinstance(parked, Suspended) and parked.reason is SuspendReason.AMBIGUOUS
+    assert calls["hangs"] == 2 and len(set(seen_keys)) == 1
+    assert "effect_failed" not in await event_types(store, "e1")
+
+
+async def test_a_lost_connection_goes_through_reconcile(store: Any) -> None:
+    """A ConnectionError is an unknown outcome: reconcile is asked, and no evidence parks the run."""
+    await store.enqueue(WorkflowTask("lost", 1, {}, checkpoint_id="e1"))
+    outcome = await worker(store, single(lost_connection, "lost")).run_once()
+    assert isinstance(outcome, Suspended) and calls == Counter(lost=1, reconcile=1)
+    types = await event_types(store, "e1")
+    assert types[-2:] == ["effect_reconciled", "effect_ambiguous"]
+
+
+@effect(resume=ResumePolicy.MANUAL, retry=RetryPolicy(max_attempts=2, initial=timedelta(0)))
+async def declined(key: str) -> str:
+    calls["declined"] += 1
+    raise ValueError("card declined")
+
+
+async def test_a_definite_failure_follows_the_retry_policy(store: Any) -> None:
+    """An exception the body raises on purpose is a failure: retried by policy, then EffectFailedError in the workflow."""
+    definition = single(declined, "declining")
+    await store.enqueue(WorkflowTask("declining", 1, {}, checkpoint_id="e1"))
+    assert isinstance(await worker(store, definition).run_once(), Retried)
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output.startswith("failed: ValueError: card declined")
+    assert calls["declined"] == 2
+    starts = [e.event for e in await entries(store, "e1") if isinstance(e.event, EffectStarted)]
+    assert [s.attempt for s in starts] == [1, 2] and len({s.idempotency_key for s in starts}) == 1
+
+
+@effect(resume=ResumePolicy.MANUAL, requires="payments")
+async def guarded(key: str) -> str:
+    calls["guarded"] += 1
+    return "ok"
+
+
+async def test_missing_capability_fails_before_the_effect(store: Any) -> None:
+    """An effect requiring an ungranted capability fails the run before effect_started; granted, it runs."""
+    await store.enqueue(WorkflowTask("guarded", 1, {}, checkpoint_id="e1"))
+    outcome = await worker(store, single(guarded, "guarded")).run_once()
+    assert isinstance(outcome, Failed) and "'payments'" in outcome.reason and calls["guarded"] == 0
+    assert "effect_started" not in await event_types(store, "e1")
+    granted = WorkflowDefinition(single(guarded, "guarded").fn, capabilities=CapabilitySet("payments"))
+    await store.enqueue(WorkflowTask("guarded", 1, {}, checkpoint_id="e2"))
+    assert isinstance(await worker(store, granted).run_once(), Completed)
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def unsure(key: str) -> str:
+    calls["unsure"] += 1
+    if calls["unsure"] == 1:
+        raise EffectOutcomeUnknown("gateway returned 504")
+    return "sent"
+
+
+@pytest.mark.parametrize(("resolution", "expected"), [
+    (Resolution.APPLIED, "sent by hand"), (Resolution.RETRY, "sent"), (Resolution.FAIL, "failed: resolved as failed"),
+])
+async def test_operator_resolution(store: Any, resolution: Resolution, expected: str) -> None:
+    """Each resolution of an ambiguous effect resumes the run as its kind says, recorded with who and why."""
+    definition = single(unsure, "unsure")
+    await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="e1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    assert isinstance(await worker(store, definition).run_once(), Idle)
+    with pytest.raises(InvalidStateError, match="ambiguous effects: \\['unsure#1'\\]"):
+        await resolve_effect(store, "e1", "nope#1", resolution, by="ops", reason="x")
+    await resolve_effect(store, "e1", "unsure#1", resolution, by="ops", reason="checked", output="sent by hand")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output.startswith(expected)
+    with pytest.raises(InvalidStateError):
+        await resolve_effect(store, "e1", "unsure#1", resolution, by="ops", reason="again")
+
+
+async def test_cancel_fences_and_finishes(store: Any, tmp_path: Path) -> None:
+    """Cancelling records who and why, ends the run, and a finished run cannot be cancelled again."""
+    await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="e1"))
+    await cancel_run(store, "e1", by="ops", reason="customer withdrew")
+    assert (await store.get_run("e1")).status is RunStatus.CANCELLED
+    assert await event_types(store, "e1") == ["run_started", "run_cancelled"]
+    with pytest.raises(InvalidStateError):
+        await cancel_run(store, "e1", by="ops", reason="again")
