@@ -119,6 +119,13 @@ class HmacKeyRing:
                 ring.revoke(entry.key_id)
         return ring
 
+    def signing_key(self, sender: str) -> str:
+        """Return the newest unrevoked key id of ``sender`` (for signing)."""
+        ids = [k for k, key in self._keys.items() if key.sender == sender and not key.revoked]
+        if not ids:
+            raise ConfigurationError(f"no unrevoked key for sender {sender!r} in the key ring")
+        return ids[-1]
+
     def secret_of(self, key_id: str) -> bytes:
         """Return the secret of ``key_id`` (for a sender signing with its own key)."""
         return self._keys[key_id].secret

@@ -246,6 +246,10 @@ class WorkflowStore(Protocol):
         """Return the store clock's current time (seconds since the epoch)."""
         ...
 
+    async def migrate(self) -> int:
+        """Apply pending schema migrations (stores also do this on open); return the schema version."""
+        ...
+
     async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
         """Create a run for ``task`` (idempotent by ``checkpoint_id``)."""
         ...

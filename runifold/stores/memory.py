@@ -89,6 +89,9 @@ class MemoryWorkflowStore:
     async def now(self) -> float:
         return self._clock()
 
+    async def migrate(self) -> int:
+        return 0  # nothing persistent to migrate
+
     def _find(self, ref: str) -> _Run:
         run = self._runs.get(ref) or self._runs.get(self._by_checkpoint.get(ref, ""))
         if run is None:

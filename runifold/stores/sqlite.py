@@ -242,7 +242,6 @@ class SqliteWorkflowStore:
             raise
         for future, value, error in results:
             _settle(future, value, error)
-        self._work.set()
 
     # -- protocol -----------------------------------------------------------------
 
@@ -268,6 +267,7 @@ class SqliteWorkflowStore:
                 (run_id, task.checkpoint_id, task.name, task.version, input_json.decode(), now, now, now),
             )
             await _insert_events(conn, run_id, 1, [first], now)
+            self._work.set()
             return EnqueueResult(run_id, True)
 
         return await self._write(op)
@@ -360,6 +360,8 @@ class SqliteWorkflowStore:
                     "run_id = ? AND consumed = 0 AND name IN (SELECT value FROM json_each(?)))",
                     (now, lease.run_id, lease.run_id, _json(list(columns.wait_signals)).decode()),
                 )
+            if columns is not None:
+                self._work.set()  # the run's due time changed: idle slots re-check
             return CommitResult(revision, now)
 
         return await self._write(op)
@@ -372,6 +374,7 @@ class SqliteWorkflowStore:
                 "WHERE run_id = ? AND status = 'running' AND lease_token = ?",
                 (now, lease.run_id, lease.token),
             )
+            self._work.set()
 
         await self._write(op)
 
@@ -390,6 +393,7 @@ class SqliteWorkflowStore:
                 (revision, now, status, None if status.finished else now, info.run_id),
             )
             await _insert_events(conn, info.run_id, info.revision + 1, events, now)
+            self._work.set()
             return CommitResult(revision, now)
 
         return await self._write(op)
@@ -456,6 +460,7 @@ class SqliteWorkflowStore:
                 "AND EXISTS (SELECT 1 FROM json_each(runs.wait_signals) WHERE value = ?)",
                 (now, info.run_id, delivery.name),
             )
+            self._work.set()
             return SignalReceipt(info.run_id, delivery.signal_id, False, now, info.status)
 
         return await self._write(op)

@@ -13,10 +13,11 @@ from runifold.worker._outcome import (
     SuspendReason,
 )
 from runifold.worker._registry import WorkflowRegistry
+from runifold.worker._supervisor import Supervisor
 from runifold.worker._values import LeaseDuration, WorkerId
 from runifold.worker._worker import WorkflowWorker
 
 __all__ = [
     "Completed", "DefinitionUnavailable", "Failed", "Idle", "LeaseDuration", "LeaseLost", "Outcome",
-    "Retried", "Suspended", "SuspendReason", "WorkerId", "WorkflowRegistry", "WorkflowWorker", "cancel_run", "resolve_effect",
+    "Retried", "Supervisor", "Suspended", "SuspendReason", "WorkerId", "WorkflowRegistry", "WorkflowWorker", "cancel_run", "resolve_effect",
 ]

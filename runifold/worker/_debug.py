@@ -37,13 +37,15 @@ from runifold.history import (
     WaitReceived,
     WaitTimedOut,
     convert,
+    decode_event,
     effect_state,
     step_state,
     timer_state,
     to_plain,
     wait_state,
 )
-from runifold.worker._registry import bind_input
+from runifold.stores import RunStatus, WorkflowStore
+from runifold.worker._registry import WorkflowRegistry, bind_input
 from runifold.worker._scope import install_scoped_task_factory
 
 
@@ -200,3 +202,39 @@ async def replay(definition: WorkflowDefinition, run_id: str, history: Sequence[
             report.divergence = NondeterminismError(
                 "(result)", f"result {recorded[0].output!r}", f"result {report.result!r}")
     return report
+
+
+async def replay_run(store: WorkflowStore, registry: WorkflowRegistry, run_ref: str) -> ReplayReport:
+    """Replay one stored run against the registry's definition of its exact version.
+
+    Raises:
+        UnknownWorkflowError: the registry lacks the run's ``(name, version)``.
+    """
+    info = await store.get_run(run_ref)
+    definition = registry.definition_for(info.name, info.version)
+    history = [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in await store.history(info.run_id)]
+    return await replay(definition, info.run_id, history)
+
+
+async def check_compatibility(
+    store: WorkflowStore, registry: WorkflowRegistry, *, name: str | None = None, limit: int = 100_000
+) -> list[ReplayReport]:
+    """Replay every unfinished run (of ``name``, or of every registered name) against today's code.
+
+    The check before a deploy: a report that is not ``clean`` names a run whose
+    history the new code cannot continue. A run whose version is not
+    registered is reported as diverging at ``(definition)``.
+    """
+    names = [name] if name else sorted(registry.names())
+    reports = []
+    for workflow_name in names:
+        for status in (RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED):
+            for info in await store.list_runs(status=status, name=workflow_name, limit=limit):
+                if registry.get(info.name, info.version) is None:
+                    report = ReplayReport(info.run_id)
+                    report.divergence = NondeterminismError(
+                        "(definition)", f"version {info.version}", f"registered versions {registry.versions()}")
+                    reports.append(report)
+                    continue
+                reports.append(await replay_run(store, registry, info.run_id))
+    return reports

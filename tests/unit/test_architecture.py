@@ -56,7 +56,7 @@ def test_public_api_is_pinned() -> None:
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
         "RegistrationError", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailure", "RunInfo",
         "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalEnvelope", "SignalGateway", "SignalRejectedError",
-        "StepFailedError", "StoreError", "StoreUnavailableError", "SuspendReason", "Suspended",
+        "StepFailedError", "StoreError", "StoreUnavailableError", "Supervisor", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
         "WorkflowWorker", "cancel_run", "effect", "open_store", "resolve_effect", "sign", "step", "workflow",

@@ -1,0 +1,1 @@
+"""The ``runifold`` command line (``python -m runifold.cli`` or the ``runifold`` script)."""

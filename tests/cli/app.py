@@ -1,0 +1,91 @@
+"""Workflows the CLI tests drive through real ``runifold`` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from runifold import (
+    EffectOutcomeUnknown,
+    ResumePolicy,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    effect,
+    step,
+    workflow,
+)
+
+
+def _dir() -> Path:
+    return Path(os.environ.get("RUNIFOLD_TEST_DIR", "."))
+
+
+@step()
+async def a(n: int) -> int:
+    return n + 1
+
+
+@step()
+async def b(n: int) -> int:
+    return n * 2
+
+
+@step()
+async def slow(tag: str) -> str:
+    (_dir() / f"started-{tag}-{os.getpid()}").touch()
+    await asyncio.sleep(float(os.environ.get("RUNIFOLD_TEST_SLOW", "0")))
+    return tag
+
+
+@workflow("steps")
+async def steps(ctx: WorkflowContext, n: int) -> int:
+    return await b(await a(n))
+
+
+@workflow("gated")
+async def gated(ctx: WorkflowContext, n: int) -> Any:
+    first = await a(n)
+    approval = await ctx.wait_signal("approval")
+    return {"first": await b(first), "approval": approval}
+
+
+@workflow("slow")
+async def slow_wf(ctx: WorkflowContext, tag: str) -> str:
+    return await slow(tag)
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def notify(key: str, n: int) -> str:
+    marker = _dir() / "notify-called"
+    if not marker.exists():
+        marker.touch()
+        raise EffectOutcomeUnknown("smtp server hung up")
+    return f"sent {n}"
+
+
+@workflow("notifying")
+async def notifying(ctx: WorkflowContext, n: int) -> str:
+    return await notify(n)
+
+
+DEFINITIONS = [
+    WorkflowDefinition(steps),
+    WorkflowDefinition(gated, signals={"approval": {"alice"}}),
+    WorkflowDefinition(slow_wf),
+    WorkflowDefinition(notifying),
+]
+registry = WorkflowRegistry(*DEFINITIONS)
+
+
+@workflow("gated")
+async def gated_changed(ctx: WorkflowContext, n: int) -> Any:
+    first = await b(n)  # a step was replaced: histories recorded with `a` diverge
+    approval = await ctx.wait_signal("approval")
+    return {"first": first, "approval": approval}
+
+
+changed = WorkflowRegistry(DEFINITIONS[0], WorkflowDefinition(gated_changed, signals={"approval": {"alice"}}),
+                           *DEFINITIONS[2:])

@@ -1,0 +1,205 @@
+"""Every command as a real subprocess against a real store, checked by output and exit code."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runifold import RunStatus, open_store
+from tests.conftest import require_postgres, reset_postgres
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "tests.cli.app:registry"
+
+
+class Cli:
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url = url
+        self.tmp = tmp
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNIFOLD_STORE": url, "RUNIFOLD_APP": APP,
+                    "RUNIFOLD_TEST_DIR": str(tmp)}
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "runifold.cli", *args]
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), cwd=ROOT, env={**self.env, **(env or {})}, capture_output=True,
+                              text=True, timeout=120)
+
+    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.argv(*args), cwd=ROOT, env={**self.env, **(env or {})},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    async def wait_status(self, ref: str, status: RunStatus, timeout: float = 60) -> None:
+        store = await open_store(self.url)
+        try:
+            deadline = time.monotonic() + timeout
+            while (await store.get_run(ref)).status is not status:
+                assert time.monotonic() < deadline, f"{ref} never became {status}"
+                await asyncio.sleep(0.05)
+        finally:
+            await store.close()
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(f"sqlite:///{tmp_path / 'cli.db'}", tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Cli]:
+    if request.param == "sqlite":
+        yield Cli(f"sqlite:///{tmp_path / 'cli.db'}", tmp_path)
+        return
+    dsn = require_postgres()
+    await reset_postgres(dsn)
+    yield Cli(dsn, tmp_path)
+
+
+def run_worker_until(cli: Cli, ref: str, status: RunStatus, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Start ``runifold worker``, wait for the run to reach ``status``, SIGTERM it, return its result."""
+    proc = cli.spawn("worker", "--concurrency", "2", "--idle-wait", "0.1", *extra)
+    try:
+        asyncio.run(cli.wait_status(ref, status))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
+    """enqueue creates once per checkpoint id, refuses unknown workflows (1) and bad JSON (2)."""
+    first = cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "c1")
+    assert first.returncode == 0 and first.stdout.startswith("enqueued run_")
+    again = cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "c1")
+    assert again.returncode == 0 and again.stdout.startswith("already enqueued")
+    conflict = cli("enqueue", "steps", "1", "--input", '{"n": 2}', "--checkpoint-id", "c1")
+    assert conflict.returncode == 1 and "already names run" in conflict.stderr
+    unknown = cli("enqueue", "nope", "1")
+    assert unknown.returncode == 1 and "no workflow 'nope' version 1" in unknown.stderr
+    bad = cli("enqueue", "steps", "1", "--input", "{n: 1}")
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
+    missing = cli("enqueue", "steps", "1", "--input", "{}")
+    assert missing.returncode == 1 and "missing ['n']" in missing.stderr
+
+
+def test_worker_runs_and_inspection_commands(any_cli: Cli) -> None:
+    """A worker process completes a run; runs list/show, history and replay describe it, in tables and JSON."""
+    cli = any_cli
+    assert cli("enqueue", "steps", "1", "--input", '{"n": 4}', "--checkpoint-id", "c1").returncode == 0
+    worker = run_worker_until(cli, "c1", RunStatus.COMPLETED)
+    assert worker.returncode == 0 and "stopped" in worker.stdout
+    listing = cli("runs", "list")
+    assert listing.returncode == 0 and "c1" in listing.stdout and "completed" in listing.stdout
+    listed = json.loads(cli("--json", "runs", "list", "--status", "completed").stdout)
+    assert [r["checkpoint_id"] for r in listed] == ["c1"]
+    show = cli("runs", "show", "c1")
+    assert show.returncode == 0 and "phase completed" in show.stdout and "steps 2 of 10000" in show.stdout
+    assert "a#1" in show.stdout and "result      10" in show.stdout
+    history = cli("history", "c1")
+    assert history.returncode == 0 and "step_completed  a#1" in history.stdout
+    events = json.loads(cli("--json", "history", "c1").stdout)
+    assert [e["event"]["type"] for e in events] == ["run_started", "step_completed", "step_completed", "run_completed"]
+    replay = cli("replay", "c1")
+    assert replay.returncode == 0 and "clean: code and history agree to the end" in replay.stdout
+    missing = cli("runs", "show", "nope")
+    assert missing.returncode == 1 and "no run with id" in missing.stderr
+
+
+def key_file(tmp: Path, name: str, entries: list[dict[str, Any]]) -> str:
+    path = tmp / name
+    path.write_text(json.dumps([{**e, "secret": base64.b64encode(e["secret"]).decode()} for e in entries]))
+    return str(path)
+
+
+def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
+    """signal signs and delivers once (duplicates acknowledged), audit shows every attempt, replay flags changed code."""
+    cli = any_cli
+    alice = key_file(cli.tmp, "alice.json", [{"key_id": "alice-1", "sender": "alice", "secret": b"a" * 32}])
+    forged = key_file(cli.tmp, "forged.json", [{"key_id": "alice-1", "sender": "alice", "secret": b"f" * 32}])
+    assert cli("enqueue", "gated", "1", "--input", '{"n": 1}', "--checkpoint-id", "g1").returncode == 0
+    run_worker_until(cli, "g1", RunStatus.WAITING)
+    diverged = cli("--app", "tests.cli.app:changed", "replay", "g1")
+    assert diverged.returncode == 1 and "DIVERGED at a#1" in diverged.stdout
+    check_all = cli("--app", "tests.cli.app:changed", "replay", "--all")
+    assert check_all.returncode == 1 and "1 run(s) checked, 1 diverged" in check_all.stdout
+    assert cli("replay", "--all").returncode == 0
+    args = ["signal", "g1", "approval", "--payload", '{"ok": true}', "--signal-id", "s1", "--as", "alice", "--reason", "ship it"]
+    rejected = cli(*args, "--key-file", forged, "--keys", alice)
+    assert rejected.returncode == 1 and "bad_signature" in rejected.stderr
+    sent = cli(*args, "--key-file", alice)
+    assert sent.returncode == 0 and "accepted" in sent.stdout
+    duplicate = cli(*args, "--key-file", alice)
+    assert duplicate.returncode == 0 and "duplicate" in duplicate.stdout
+    run_worker_until(cli, "g1", RunStatus.COMPLETED)
+    audit = cli("audit", "g1")
+    assert audit.returncode == 0
+    assert "rejected:bad_signature" in audit.stdout and "accepted" in audit.stdout and "duplicate" in audit.stdout
+    records = json.loads(cli("--json", "audit", "g1").stdout)
+    assert [r["verdict"] for r in records] == ["rejected:bad_signature", "accepted", "duplicate"]
+    assert all(r["reason"] == "ship it" for r in records)
+    history = cli("history", "g1")
+    assert "signal_received" in history.stdout and '"sender":"alice"' in history.stdout
+
+
+def test_resolve_cancel_and_migrate(cli: Cli) -> None:
+    """resolve settles an ambiguous effect, cancel ends a run once, migrate reports the schema version."""
+    assert cli("migrate").stdout.strip() == "schema at version 1"
+    assert cli("enqueue", "notifying", "1", "--input", '{"n": 3}', "--checkpoint-id", "e1").returncode == 0
+    run_worker_until(cli, "e1", RunStatus.PARKED)
+    show = cli("runs", "show", "e1")
+    assert "effect      notify#1 is ambiguous" in show.stdout
+    wrong = cli("resolve", "e1", "other#1", "--retry", "--reason", "x")
+    assert wrong.returncode == 1 and "ambiguous effects: ['notify#1']" in wrong.stderr
+    resolved = cli("resolve", "e1", "notify#1", "--retry", "--reason", "smtp is back", "--by", "ops-bob")
+    assert resolved.returncode == 0 and "as retry" in resolved.stdout
+    run_worker_until(cli, "e1", RunStatus.COMPLETED)
+    assert '"by":"ops-bob"' in cli("history", "e1").stdout
+    assert cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "c9").returncode == 0
+    assert cli("cancel", "c9", "--reason", "not needed").returncode == 0
+    again = cli("cancel", "c9", "--reason", "again")
+    assert again.returncode == 1 and "cancelled" in again.stderr
+
+
+async def test_sigterm_releases_in_flight_runs(any_cli: Cli) -> None:
+    """SIGTERM with runs in flight: leases are released at once, another worker finishes each run, none commits twice."""
+    cli = any_cli
+    for i in range(3):
+        assert cli("enqueue", "slow", "1", "--input", json.dumps({"tag": f"t{i}"}), "--checkpoint-id", f"s{i}").returncode == 0
+    first = cli.spawn("worker", "--concurrency", "4", "--lease", "120", "--grace", "0.5", "--worker-id", "first",
+                      env={"RUNIFOLD_TEST_SLOW": "30"})
+    deadline = time.monotonic() + 60
+    while len(list(cli.tmp.glob("started-*"))) < 3:
+        assert time.monotonic() < deadline and first.poll() is None
+        time.sleep(0.05)
+    first.send_signal(signal.SIGTERM)
+    out, _ = first.communicate(timeout=60)
+    assert first.returncode == 0, out
+    store = await open_store(cli.url)
+    try:
+        for i in range(3):
+            info = await store.get_run(f"s{i}")
+            assert info.status is RunStatus.READY and info.lease_owner is None  # released, not left to expire
+        second = cli.spawn("worker", "--concurrency", "4", "--worker-id", "second", env={"RUNIFOLD_TEST_SLOW": "0"})
+        try:
+            for i in range(3):
+                await cli.wait_status(f"s{i}", RunStatus.COMPLETED)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=60)
+        for i in range(3):
+            types = [e.type for e in await store.history(f"s{i}")]
+            assert types == ["run_started", "step_completed", "run_completed"]
+    finally:
+        await store.close()
