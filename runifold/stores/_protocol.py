@@ -285,6 +285,14 @@ class WorkflowStore(Protocol):
         """An operator's append (cancel, resolve): fences off any lease holder."""
         ...
 
+    async def purge(self, run_ref: str) -> None:
+        """Delete a *finished* run with its history, signals and audit (retention, drill clean-up).
+
+        Raises:
+            InvalidStateError: the run has not finished.
+        """
+        ...
+
     async def get_run(self, run_ref: str) -> RunInfo:
         """Return a run by run id or checkpoint id."""
         ...
@@ -364,6 +372,11 @@ def transition_columns(transition: Transition) -> RunColumns | None:
         case Reschedule(at=at, reason=reason):
             return RunColumns(RunStatus.READY, at, (), reason)
     raise AssertionError(f"unknown transition {transition!r}")
+
+
+def not_finished(run_id: str, status: RunStatus) -> InvalidStateError:
+    """The error for purging a run that has not finished."""
+    return InvalidStateError(f"run {run_id} is {status}; only finished runs can be purged: cancel it first")
 
 
 def not_allowed(run_id: str, status: RunStatus, allowed: Collection[RunStatus]) -> InvalidStateError:

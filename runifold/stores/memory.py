@@ -31,6 +31,7 @@ from runifold.stores._protocol import (
     WorkflowTask,
     new_run_id,
     not_allowed,
+    not_finished,
     same_task,
     transition_columns,
 )
@@ -229,6 +230,15 @@ class MemoryWorkflowStore:
         self._schedule(run, None if status.finished else now)
         self._work.set()
         return result
+
+    async def purge(self, run_ref: str) -> None:
+        run = self._find(run_ref)
+        if not run.status.finished:
+            raise not_finished(run.run_id, run.status)
+        del self._runs[run.run_id]
+        if run.checkpoint_id is not None:
+            self._by_checkpoint.pop(run.checkpoint_id, None)
+        self._audit = [a for a in self._audit if a.run_id != run.run_id]
 
     async def get_run(self, run_ref: str) -> RunInfo:
         return self._find(run_ref).info()

@@ -49,6 +49,7 @@ from runifold.stores._protocol import (
     WorkflowTask,
     new_run_id,
     not_allowed,
+    not_finished,
     same_task,
     transition_columns,
 )
@@ -329,6 +330,17 @@ class PostgresWorkflowStore:
                 return CommitResult(revision, now)
 
         return await self._call(op)
+
+    async def purge(self, run_ref: str) -> None:
+        async def op(conn: asyncpg.Connection) -> None:
+            async with conn.transaction():
+                info = _run_info(await _find(conn, run_ref, lock=True))
+                if not info.status.finished:
+                    raise not_finished(info.run_id, info.status)
+                for table in ("runifold_events", "runifold_signals", "runifold_signal_audit", "runifold_runs"):
+                    await conn.execute(f"DELETE FROM {table} WHERE run_id = $1", info.run_id)
+
+        await self._call(op)
 
     async def get_run(self, run_ref: str) -> RunInfo:
         return _run_info(await self._call(lambda c: _find(c, run_ref)))

@@ -49,6 +49,7 @@ from runifold.stores._protocol import (
     WorkflowTask,
     new_run_id,
     not_allowed,
+    not_finished,
     same_task,
     transition_columns,
 )
@@ -397,6 +398,16 @@ class SqliteWorkflowStore:
             return CommitResult(revision, now)
 
         return await self._write(op)
+
+    async def purge(self, run_ref: str) -> None:
+        async def op(conn: aiosqlite.Connection) -> None:
+            info = _run_info(await _find(conn, run_ref))
+            if not info.status.finished:
+                raise not_finished(info.run_id, info.status)
+            for table in ("events", "signals", "signal_audit", "runs"):
+                await conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (info.run_id,))
+
+        await self._write(op)
 
     async def get_run(self, run_ref: str) -> RunInfo:
         return _run_info(await self._read(lambda c: _find(c, run_ref)))

@@ -245,3 +245,18 @@ class StoreConformance:
         assert [r.checkpoint_id for r in await store.list_runs(name="wf", version=2)] == ["c2"]
         assert len(await store.list_runs(status=RunStatus.READY)) == 3
         assert await store.list_runs(status=RunStatus.COMPLETED) == []
+
+    async def test_purge_deletes_only_finished_runs(self, store: Any) -> None:
+        """A finished run can be purged with its history; an unfinished one cannot."""
+        lease = await self._claimed(store)
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="keep"))
+        with pytest.raises(InvalidStateError):
+            await store.purge("c1")
+        await store.commit(lease, 1, [], Finish(RunStatus.COMPLETED))
+        await store.deliver_signal(delivery("c1", "late"))
+        await store.purge("c1")
+        with pytest.raises(RunNotFoundError):
+            await store.get_run("c1")
+        assert await store.audit("c1") == []
+        assert [r.checkpoint_id for r in await store.list_runs()] == ["keep"]
+        await store.enqueue(WorkflowTask("wf", 1, {"x": 2}, checkpoint_id="c1"))  # the id is free again
