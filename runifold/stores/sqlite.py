@@ -135,7 +135,7 @@ class SqliteWorkflowStore:
         self._reader = reader
         self._clock = clock
         self._busy_seconds = busy_seconds
-        self._queue: list[tuple[Op[Any], asyncio.Future[Any]]] = []
+        self._queue: list[tuple[Op[Any], asyncio.Future[Any], bool]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._work = asyncio.Event()
 
@@ -184,9 +184,8 @@ class SqliteWorkflowStore:
             current = int(row[0])
             for version, sql in migrations("sqlite"):
                 if version > current:
-                    for statement in sql.split(";"):
-                        if statement.strip():
-                            await conn.execute(statement)
+                    for statement in _statements(sql):
+                        await conn.execute(statement)
                     await conn.execute("INSERT INTO runifold_schema VALUES (?, ?)", (version, self._clock()))
                     current = version
                     log.info("schema_migrated", path=self.path, version=version)
@@ -196,9 +195,10 @@ class SqliteWorkflowStore:
 
     # -- the group-commit writer -------------------------------------------------
 
-    async def _write(self, op: Op[T]) -> T:
+    async def _write(self, op: Op[T], *, single: bool = False) -> T:
+        """Queue a write. ``single`` ops are one statement: alone, they run in autocommit (one hop)."""
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        self._queue.append((op, future))
+        self._queue.append((op, future, single))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush())
         return await future
@@ -207,32 +207,50 @@ class SqliteWorkflowStore:
         while self._queue:
             batch, self._queue = self._queue, []
             try:
-                await self._transaction(batch)
+                if len(batch) == 1 and batch[0][2]:
+                    await self._autocommit(batch[0][0], batch[0][1])
+                else:
+                    await self._transaction(batch)
             except sqlite3.Error as exc:
                 if len(batch) == 1:
                     _settle(batch[0][1], exc=_translate(exc))
                     continue
                 # isolate the failing operation: retry each on its own
-                for op, future in batch:
+                for op, future, _ in batch:
                     try:
-                        await self._transaction([(op, future)])
+                        await self._transaction([(op, future, False)])
                     except sqlite3.Error as single:
                         _settle(future, exc=_translate(single))
             except BaseException as exc:  # pragma: no cover - cancellation or a bug
-                for _, future in batch:
+                for _, future, _ in batch:
                     _settle(future, exc=exc)
                 raise
 
-    async def _transaction(self, batch: list[tuple[Op[Any], asyncio.Future[Any]]]) -> None:
+    async def _autocommit(self, op: Op[Any], future: asyncio.Future[Any]) -> None:
+        # one statement outside BEGIN/COMMIT is its own durable transaction: one thread hop
+        result: list[Any] = []
+
+        async def attempt() -> None:
+            result.append(await op(self._writer))
+
+        try:
+            await _with_busy_retry(attempt, self._busy_seconds)
+        except RunifoldError as exc:
+            _settle(future, exc=exc)
+            return
+        _settle(future, result[-1])
+
+    async def _transaction(self, batch: list[tuple[Op[Any], asyncio.Future[Any], bool]]) -> None:
         conn = self._writer
         await _with_busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_seconds)
         results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
         try:
-            for op, future in batch:
+            for op, future, _ in batch:
                 try:
                     results.append((future, await op(conn), None))
                 except RunifoldError as exc:
                     # invariant: an operation raises a RunifoldError only before it writes
+                    # (or when a trigger aborted its one statement, which undoes that statement)
                     results.append((future, None, exc))
             await _with_busy_retry(lambda: conn.execute("COMMIT"), self._busy_seconds)
         except BaseException:
@@ -295,7 +313,7 @@ class SqliteWorkflowStore:
             )
             return None if row is None else (row, now)
 
-        claimed = await self._write(op)
+        claimed = await self._write(op, single=True)
         if claimed is None:
             return None
         (run_id, checkpoint_id, name, version, token), now = claimed
@@ -319,7 +337,7 @@ class SqliteWorkflowStore:
                 raise LeaseLostError(lease.run_id)
             return Lease(lease.run_id, lease.owner, lease.token, until)
 
-        return await self._write(op)
+        return await self._write(op, single=True)
 
     async def commit(
         self,
@@ -330,42 +348,29 @@ class SqliteWorkflowStore:
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
         columns = transition_columns(transition)
+        events_json = _json([[e.type, e.key, e.body.decode()] for e in events]).decode()
+        consumed_json = _json(list(consumed_signals)).decode()
+        wait_json = "[]" if columns is None else _json(list(columns.wait_signals)).decode()
 
         async def op(conn: aiosqlite.Connection) -> CommitResult:
             now = self._clock()
-            revision = expected_revision + len(events)
-            fence = "WHERE run_id = ? AND status = 'running' AND lease_token = ? AND lease_until > ? AND revision = ?"
-            fence_params = (lease.run_id, lease.token, now, expected_revision)
-            if columns is None:
-                changed = await _run(conn, f"UPDATE runs SET revision = ?, updated_at = ? {fence}", (revision, now, *fence_params))
-            else:
-                changed = await _run(
-                    conn,
-                    "UPDATE runs SET revision = ?, updated_at = ?, status = ?, due_at = ?, wait_signals = ?, "
-                    f"reason = ?, lease_owner = NULL, lease_until = NULL {fence}",
-                    (revision, now, columns.status, columns.due_at, _json(list(columns.wait_signals)).decode(),
-                     columns.reason, *fence_params),
-                )
-            if not changed:
-                raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
-            await _insert_events(conn, lease.run_id, expected_revision + 1, events, now)
-            if consumed_signals:
+            try:
                 await conn.execute(
-                    "UPDATE signals SET consumed = 1 WHERE run_id = ? AND signal_id IN (SELECT value FROM json_each(?))",
-                    (lease.run_id, _json(list(consumed_signals)).decode()),
+                    "INSERT INTO commit_requests (run_id, token, expected, now, events, has_transition, status, "
+                    "due_at, wait_signals, reason, consumed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (lease.run_id, lease.token, expected_revision, now, events_json, columns is not None,
+                     None if columns is None else str(columns.status), None if columns is None else columns.due_at,
+                     wait_json, "" if columns is None else columns.reason, consumed_json),
                 )
-            if columns is not None and columns.status is RunStatus.WAITING and columns.wait_signals:
-                # invariant: a signal that arrived before the wait was committed wakes the run now
-                await conn.execute(
-                    "UPDATE runs SET due_at = ? WHERE run_id = ? AND EXISTS (SELECT 1 FROM signals WHERE "
-                    "run_id = ? AND consumed = 0 AND name IN (SELECT value FROM json_each(?)))",
-                    (now, lease.run_id, lease.run_id, _json(list(columns.wait_signals)).decode()),
-                )
+            except sqlite3.IntegrityError as exc:
+                if getattr(exc, "sqlite_errorname", "") == "SQLITE_CONSTRAINT_TRIGGER":
+                    raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision") from None
+                raise
             if columns is not None:
                 self._work.set()  # the run's due time changed: idle slots re-check
-            return CommitResult(revision, now)
+            return CommitResult(expected_revision + len(events), now)
 
-        return await self._write(op)
+        return await self._write(op, single=True)
 
     async def release(self, lease: Lease) -> None:
         async def op(conn: aiosqlite.Connection) -> None:
@@ -377,7 +382,7 @@ class SqliteWorkflowStore:
             )
             self._work.set()
 
-        await self._write(op)
+        await self._write(op, single=True)
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
@@ -523,6 +528,21 @@ class SqliteWorkflowStore:
             await asyncio.gather(self._flusher, return_exceptions=True)
         await self._writer.close()
         await self._reader.close()
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration into statements (``sqlite3.complete_statement`` keeps triggers whole)."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        if line.lstrip().startswith("--") and not buffer.strip():
+            continue
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        statements.append(buffer.strip())
+    return statements
 
 
 def _settle(future: asyncio.Future[Any], value: Any = None, exc: BaseException | None = None) -> None:
