@@ -197,15 +197,17 @@ class WorkflowSpec:
     version: int
     fn: Callable[..., Awaitable[Any]]
     params: tuple[str, ...]
+    _types: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def param_types(self) -> dict[str, Any]:
-        """Return the annotated type of each input parameter (``Any`` if none)."""
-        try:
-            hints = typing.get_type_hints(self.fn)
-        except Exception:
-            hints = {}
-        return {p: hints.get(p, Any) for p in self.params}
-
+        """Return the annotated type of each input parameter (``Any`` if none), resolved once."""
+        if not self._types and self.params:
+            try:
+                hints = typing.get_type_hints(self.fn)
+            except Exception:  # unresolved forward references: accept plain data
+                hints = {}
+            self._types.update({p: hints.get(p, Any) for p in self.params})
+        return self._types
 
 @final
 class WorkflowDefinition:

@@ -126,7 +126,7 @@ class PostgresWorkflowStore:
             poll_seconds: the fallback poll interval of :meth:`wait_for_work`.
         """
         try:
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size)
+            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, reset=_keep_session)
         except (OSError, asyncpg.PostgresError) as exc:
             raise StoreUnavailableError(
                 f"cannot connect to PostgreSQL at {_redact(dsn)}: {exc}; check that the server runs "
@@ -449,8 +449,9 @@ class PostgresWorkflowStore:
         """Sleep until notified, until the next due time, or ``timeout`` (capped by the fallback poll)."""
         await self._ensure_listener()
         try:
+            # only future due times: a due run we could not claim must not make idle workers spin
             next_due = await self._call(lambda c: c.fetchval(
-                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at IS NOT NULL"))
+                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at > runifold_now()"))
         except StoreError:
             next_due = None
         wait = min(timeout, self._poll_seconds)
@@ -470,6 +471,14 @@ class PostgresWorkflowStore:
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
         await self._pool.close()
+
+
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool reset hook: skip the default reset round trip on every release.
+
+    Pooled connections never change session state: no SET, no LISTEN (the
+    listener has its own connection), and the migration lock is transaction-scoped.
+    """
 
 
 async def _insert_audit(conn: asyncpg.Connection, r: AuditRecord) -> None:

@@ -138,6 +138,9 @@ class SqliteWorkflowStore:
         self._queue: list[tuple[Op[Any], asyncio.Future[Any], bool]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._work = asyncio.Event()
+        #: durable transactions (fsyncs) and write operations so far: grouped commits share a transaction
+        self.transactions = 0
+        self.operations = 0
 
     @classmethod
     async def open(
@@ -238,6 +241,8 @@ class SqliteWorkflowStore:
         except RunifoldError as exc:
             _settle(future, exc=exc)
             return
+        self.transactions += 1
+        self.operations += 1
         _settle(future, result[-1])
 
     async def _transaction(self, batch: list[tuple[Op[Any], asyncio.Future[Any], bool]]) -> None:
@@ -253,6 +258,8 @@ class SqliteWorkflowStore:
                     # (or when a trigger aborted its one statement, which undoes that statement)
                     results.append((future, None, exc))
             await _with_busy_retry(lambda: conn.execute("COMMIT"), self._busy_seconds)
+            self.transactions += 1
+            self.operations += len(batch)
         except BaseException:
             try:
                 await conn.execute("ROLLBACK")
@@ -515,10 +522,18 @@ class SqliteWorkflowStore:
             raise _translate(exc) from exc
 
     async def wait_for_work(self, timeout: float) -> None:
-        # Writes from this process wake us at once; other processes' writes are
-        # seen at the next poll (SQLite has no cross-process notification).
+        # Writes from this process wake us at once, and we sleep no longer than
+        # until the next due time (a timer, a retry, a lease expiry); other
+        # processes' writes are seen at the next poll (SQLite has no notification).
+        wait = timeout
+        # only future due times: a run already due that we could not claim (another
+        # workflow's, or skipped) must not make idle workers spin
+        now = self._clock()
+        row = await self._read(lambda c: _one(c, "SELECT MIN(due_at) FROM runs WHERE due_at > ?", (now,)))
+        if row is not None and row[0] is not None:
+            wait = max(0.0, min(wait, row[0] - now))
         try:
-            await asyncio.wait_for(self._work.wait(), timeout)
+            await asyncio.wait_for(self._work.wait(), wait)
         except TimeoutError:
             pass
         self._work.clear()

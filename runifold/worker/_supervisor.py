@@ -44,6 +44,10 @@ class Supervisor:
         self.idle_wait = idle_wait.total_seconds()
         self.grace = grace.total_seconds()
         self._stopping = asyncio.Event()
+        # invariant: at most one idle slot waits on the store; a slot that claims work
+        # kicks the next idle slot, so a burst fans out without a thundering herd
+        self._poll_lock = asyncio.Lock()
+        self._kick = asyncio.Event()
         self.outcomes: dict[str, int] = {}
         self.log = log.bind(worker_id=str(worker.worker_id))
 
@@ -91,20 +95,27 @@ class Supervisor:
             self._count(outcome)
             if isinstance(outcome, (Idle, DefinitionUnavailable)):
                 await self._idle()
+            else:
+                self._kick.set()
 
     def _count(self, outcome: Outcome) -> None:
         name = type(outcome).__name__
         self.outcomes[name] = self.outcomes.get(name, 0) + 1
 
     async def _idle(self) -> None:
-        waiter = asyncio.ensure_future(self.worker.store.wait_for_work(self.idle_wait))
-        stopper = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            stopper.cancel()
-            await asyncio.gather(waiter, stopper, return_exceptions=True)
+        async with self._poll_lock:
+            if self._kick.is_set():  # another slot just found work: try to claim at once
+                self._kick.clear()
+                return
+            waits = [asyncio.ensure_future(w) for w in
+                     (self.worker.store.wait_for_work(self.idle_wait), self._stopping.wait(), self._kick.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+                self._kick.clear()
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

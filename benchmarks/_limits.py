@@ -1,0 +1,100 @@
+"""The raw limits: what the database itself does, measured in the same run as runifold."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiosqlite
+import asyncpg  # type: ignore[import-untyped]
+
+OPS = 2000
+
+
+@dataclass
+class Limits:
+    """Durable single-row insert+commit operations per second."""
+
+    one: float  # one connection (SQLite: stdlib sqlite3 in the calling thread)
+    many: float  # 8 connections at once
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def describe(self) -> list[str]:
+        lines = [f"1 connection {self.one:,.0f} commits/s", f"8 connections {self.many:,.0f} commits/s"]
+        lines += [f"{k} {v:,.0f} commits/s" for k, v in self.extra.items()]
+        return lines
+
+
+def _sqlite_conn(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    return conn
+
+
+def _sqlite_inserts(conn: sqlite3.Connection, n: int) -> None:
+    for _ in range(n):
+        conn.execute("INSERT INTO t (body) VALUES (?)", ('{"type":"step_completed","output":{"i":1}}',))
+
+
+async def _sqlite() -> Limits:
+    folder = tempfile.mkdtemp(prefix="runifold-bench-")
+    path = str(Path(folder) / "raw.db")
+    conn = _sqlite_conn(path)
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)")
+    started = time.perf_counter()
+    _sqlite_inserts(conn, OPS)
+    one = OPS / (time.perf_counter() - started)
+    conns = [_sqlite_conn(path) for _ in range(8)]
+    threads = [threading.Thread(target=_sqlite_inserts, args=(c, OPS // 8)) for c in conns]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    many = (OPS // 8 * 8) / (time.perf_counter() - started)
+    async with aiosqlite.connect(path, isolation_level=None) as aconn:
+        await aconn.execute("PRAGMA synchronous=FULL")
+        started = time.perf_counter()
+        for _ in range(OPS // 2):
+            await aconn.execute("INSERT INTO t (body) VALUES (?)", ("x",))
+        through_aiosqlite = (OPS // 2) / (time.perf_counter() - started)
+    for c in [conn, *conns]:
+        c.close()
+    os.remove(path)
+    return Limits(one, many, {"1 connection through aiosqlite": through_aiosqlite})
+
+
+async def _postgres(dsn: str) -> Limits:
+    setup = await asyncpg.connect(dsn)
+    await setup.execute("DROP TABLE IF EXISTS bench_raw; CREATE TABLE bench_raw (id bigserial PRIMARY KEY, body jsonb)")
+    body = '{"type":"step_completed","output":{"i":1}}'
+
+    async def inserts(conn: asyncpg.Connection, n: int) -> None:
+        for _ in range(n):
+            await conn.execute("INSERT INTO bench_raw (body) VALUES ($1::jsonb)", body)
+
+    started = time.perf_counter()
+    await inserts(setup, OPS)
+    one = OPS / (time.perf_counter() - started)
+    conns = [await asyncpg.connect(dsn) for _ in range(8)]
+    started = time.perf_counter()
+    await asyncio.gather(*[inserts(c, OPS // 8) for c in conns])
+    many = (OPS // 8 * 8) / (time.perf_counter() - started)
+    for c in conns:
+        await c.close()
+    await setup.execute("DROP TABLE bench_raw")
+    await setup.close()
+    return Limits(one, many)
+
+
+async def measure(kind: str) -> Limits:
+    if kind == "sqlite":
+        return await _sqlite()
+    return await _postgres(os.environ["RUNIFOLD_TEST_POSTGRES"])

@@ -1,0 +1,362 @@
+"""The five benchmarks of issue 8, each returning rows of (benchmark, result, ratio to the raw limit)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import asyncpg  # type: ignore[import-untyped]
+
+from benchmarks import bench_app
+from benchmarks._limits import Limits
+from runifold import (
+    HmacKeyRing,
+    LeaseDuration,
+    RunStatus,
+    SignalEnvelope,
+    SignalGateway,
+    Supervisor,
+    WorkerId,
+    WorkflowTask,
+    WorkflowWorker,
+    open_store,
+    sign,
+)
+from runifold.history import TimerStarted, decode_event
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "benchmarks.bench_app:registry"
+Row = tuple[str, str, str]
+
+
+async def fresh_store(kind: str, folder: Path) -> tuple[Any, str]:
+    if kind == "sqlite":
+        url = f"sqlite:///{folder / f'bench-{time.monotonic_ns()}.db'}"
+    else:
+        url = os.environ["RUNIFOLD_TEST_POSTGRES"]
+        conn = await asyncpg.connect(url)
+        if await conn.fetchval("SELECT to_regclass('runifold_runs') IS NOT NULL"):
+            await conn.execute("TRUNCATE runifold_runs, runifold_events, runifold_signals, runifold_signal_audit")
+        await conn.close()
+    return await open_store(url), url
+
+
+def make_worker(store: Any, worker_id: str = "bench", lease: float = 30.0) -> WorkflowWorker:
+    return WorkflowWorker(store, bench_app.registry, WorkerId.parse(worker_id), LeaseDuration(timedelta(seconds=lease)),
+                          timedelta(seconds=lease / 3))
+
+
+def spawn_worker(url: str, worker_id: str, env: dict[str, str] | None = None, *extra: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runifold.cli", "--store", url, "--app", APP, "worker", "--worker-id", worker_id, *extra],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_ready(proc: subprocess.Popen[bytes]) -> None:
+    """Block until a worker process prints its start line."""
+    assert proc.stdout is not None
+    proc.stdout.readline()
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float = 600, every: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark condition not reached")
+        await asyncio.sleep(every)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def sequential(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
+    n = max(100, int(1000 * scale))
+    store, _ = await fresh_store(kind, folder)
+    try:
+        await store.enqueue(WorkflowTask("seq", 1, {"n": n}))
+        worker = make_worker(store)
+        wall, cpu = time.perf_counter(), time.process_time()
+        await worker.run_once()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        await store.close()
+    rate = n / wall
+    rows = [(f"sequential: 1 run of {n} steps", f"{rate:,.0f} steps/s, {cpu / n * 1000:.3f} ms CPU/step",
+             f"{rate / limits.one:.0%} of 1-connection commits/s")]
+    if "1 connection through aiosqlite" in limits.extra:
+        rows[0] = (rows[0][0], rows[0][1],
+                   f"{rate / limits.one:.0%} of in-thread sqlite3; {rate / limits.extra['1 connection through aiosqlite']:.0%} of aiosqlite")
+    return rows
+
+
+async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
+    runs = max(100, int(1000 * scale))
+    store, url = await fresh_store(kind, folder)
+    rows: list[Row] = []
+    try:
+        for i in range(runs):
+            await store.enqueue(WorkflowTask("five", 1, {"n": i}))
+        supervisor = Supervisor(make_worker(store), 8, idle_wait=timedelta(seconds=0.05))
+        transactions = getattr(store, "transactions", 0)
+        started = time.perf_counter()
+        task = asyncio.create_task(supervisor.run(handle_signals=False))
+        await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Completed", 0) >= runs))
+        elapsed = time.perf_counter() - started
+        supervisor.stop()
+        await task
+        steps = runs * 5 / elapsed
+        detail = f"{steps / limits.many:.0%} of 8-connection commits/s"
+        if kind == "sqlite":
+            per_tx = (runs * 6) / max(1, store.transactions - transactions)
+            detail += f"; {per_tx:.1f} commits per fsync (grouped)"
+        rows.append((f"concurrent: {runs} runs x 5 steps, 1 process, 8 at once",
+                     f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail))
+    finally:
+        await store.close()
+    if kind == "postgres":
+        store, url = await fresh_store(kind, folder)
+        try:
+            procs = [spawn_worker(url, f"bench-{i}", None, "--concurrency", "8", "--idle-wait", "0.05") for i in range(4)]
+            for proc in procs:
+                wait_ready(proc)
+            started = time.perf_counter()
+            for i in range(runs):  # enqueue while the workers run: they wake on NOTIFY
+                await store.enqueue(WorkflowTask("five", 1, {"n": i}))
+
+            async def done() -> bool:
+                return len(await store.list_runs(status=RunStatus.COMPLETED, limit=runs)) >= runs
+
+            await until(done, every=0.1)
+            elapsed = time.perf_counter() - started
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            for p in procs:
+                p.wait()
+            steps = runs * 5 / elapsed
+            rows.append((f"concurrent: {runs} runs x 5 steps, 4 processes x 8", f"{runs / elapsed:,.0f} runs/s, "
+                         f"{steps:,.0f} steps/s (from the first enqueue)", f"{steps / limits.many:.0%} of 8-connection commits/s"))
+        finally:
+            await store.close()
+    return rows
+
+
+class _TimedClaims:
+    """Wraps a store to time its claims (a measuring proxy, not a stand-in)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.claim_started = self.claim_ended = 0.0
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.claim_started = time.time()
+        result = await self._store.claim(*args, **kwargs)
+        self.claim_ended = time.time()
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def recovery(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
+    n = max(100, int(1000 * scale))
+    store, url = await fresh_store(kind, folder)
+    gate = folder / "gate"
+    gate.touch()
+    try:
+        await store.enqueue(WorkflowTask("recover", 1, {"n": n, "name": "first-live"}, checkpoint_id="rec"))
+        proc = spawn_worker(url, "doomed", {"RUNIFOLD_BENCH_GATE": str(gate)}, "--lease", "1")
+        await until(lambda: asyncio.sleep(0, Path(f"{gate}.reached").exists()), timeout=300)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        gate.unlink()
+        lease_until = (await store.get_run("rec")).lease_until or 0.0
+
+        async def expired() -> bool:
+            return bool(await store.now() > lease_until)
+
+        await until(expired)
+        load = time.perf_counter()
+        await store.history("rec")
+        load = time.perf_counter() - load
+        timed = _TimedClaims(store)
+        worker = make_worker(timed, "rescuer")  # type: ignore[arg-type]
+        started = time.time()
+        outcome = await worker.run_once()
+        finished = time.time()
+        assert type(outcome).__name__ == "Completed", outcome
+        claim_ms = (timed.claim_ended - timed.claim_started) * 1000
+        replay = bench_app.marks["first-live"] - timed.claim_ended
+    finally:
+        await store.close()
+    return [(f"recovery: run killed after {n} steps",
+             f"claim+history {claim_ms:.1f} ms (history read alone {load * 1000:.1f} ms), replay to first live step "
+             f"{replay * 1000:.1f} ms, worker start to completion {(finished - started) * 1000:.0f} ms",
+             f"replay {n / replay:,.0f} steps/s; first live step {replay * 1000:.0f} ms after the claim")]
+
+
+async def wake_latency(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
+    count = max(20, int(100 * scale))
+    store, url = await fresh_store(kind, folder)
+    sender = await open_store(url)
+    idle = 0.05 if kind == "sqlite" else 30.0
+    keys = HmacKeyRing()
+    keys.add("bench-1", "bench", b"bench-secret-0123456789abcdef")
+    gateway = SignalGateway(sender, bench_app.registry, keys)
+    supervisor = Supervisor(make_worker(store), 8, idle_wait=timedelta(seconds=idle))
+    task = asyncio.create_task(supervisor.run(handle_signals=False))
+    latencies: list[float] = []
+    lateness: list[float] = []
+    try:
+        for i in range(count):
+            await sender.enqueue(WorkflowTask("waiter", 1, {"name": f"w{i}"}, checkpoint_id=f"w{i}"))
+
+        async def all_waiting() -> bool:
+            return len(await sender.list_runs(status=RunStatus.WAITING, limit=count)) >= count
+
+        await until(all_waiting)
+        await asyncio.sleep(idle * 2)
+        for i in range(count):
+            sent = time.time()
+            await gateway.send(sign(SignalEnvelope(target=f"w{i}", name="go", payload={}, signal_id=f"s{i}",
+                                                   sender="bench", reason="bench", key_id="bench-1", timestamp=sent),
+                                    keys.secret_of("bench-1")))
+            await until(lambda i=i: asyncio.sleep(0, f"w{i}" in bench_app.marks), every=0.001)
+            latencies.append(bench_app.marks[f"w{i}"] - sent)
+        for i in range(count):
+            await sender.enqueue(WorkflowTask("sleeper", 1, {"name": f"t{i}", "seconds": 0.5}, checkpoint_id=f"t{i}"))
+
+        async def all_fired() -> bool:
+            return all(f"t{i}" in bench_app.marks for i in range(count))
+
+        await until(all_fired)
+        for i in range(count):
+            started = next(decode_event(e.body) for e in await sender.history(f"t{i}") if e.type == "timer_started")
+            assert isinstance(started, TimerStarted)
+            lateness.append(bench_app.marks[f"t{i}"] - started.fire_at)
+    finally:
+        supervisor.stop()
+        await task
+        await sender.close()
+        await store.close()
+    how = "sender on another connection; idle poll 50 ms (SQLite has no cross-process notification)" if kind == "sqlite" \
+        else "LISTEN/NOTIFY; idle poll 30 s, so no busy polling"
+    return [(f"wake latency: {count} signals", f"p50 {pct(latencies, 0.5) * 1000:.1f} ms, p99 {pct(latencies, 0.99) * 1000:.1f} ms", how),
+            (f"timer lateness: {count} timers of 0.5 s", f"p50 {pct(lateness, 0.5) * 1000:.1f} ms, p99 {pct(lateness, 0.99) * 1000:.1f} ms",
+             "store clock; never early (lateness >= 0)" if min(lateness) >= 0 else "EARLY TIMER SEEN")]
+
+
+def _proc_usage(pid: int) -> tuple[float, float]:
+    """Return (cpu seconds, RSS MiB) of a process from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS")) / 1024
+    return cpu, rss
+
+
+async def _idle_worker(url: str, seconds: float) -> tuple[float, float]:
+    proc = spawn_worker(url, f"idle-{time.monotonic_ns()}", None, "--concurrency", "8")
+    await asyncio.sleep(3)  # start-up
+    cpu0, _ = _proc_usage(proc.pid)
+    await asyncio.sleep(seconds)
+    cpu1, rss = _proc_usage(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait()
+    return (cpu1 - cpu0) / seconds, rss
+
+
+async def idle_cost(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
+    suspended = max(1000, int(10_000 * scale))
+    finished = max(100_000, int(1_000_000 * scale))
+    store, url = await fresh_store(kind, folder)
+    rows: list[Row] = []
+    try:
+        empty_cpu, empty_rss = await _idle_worker(url, 5)
+        for i in range(suspended):
+            await store.enqueue(WorkflowTask("waiter", 1, {"name": f"i{i}"}))
+        supervisor = Supervisor(make_worker(store), 8, idle_wait=timedelta(seconds=0.05))
+        task = asyncio.create_task(supervisor.run(handle_signals=False))
+        await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Suspended", 0) >= suspended))
+        supervisor.stop()
+        await task
+        busy_cpu, busy_rss = await _idle_worker(url, 5)
+        rows.append((f"idle cost: {suspended:,} suspended runs", f"idle worker RSS {busy_rss:.0f} MiB, CPU {busy_cpu:.2%}",
+                     f"vs empty store: RSS {busy_rss / empty_rss:.2f}x, CPU {busy_cpu * 100:.2f} vs {empty_cpu * 100:.2f} %"))
+        claim_small = await _claim_cost(store, 200)
+        await _add_finished(kind, url, finished)
+        claim_large = await _claim_cost(store, 200)
+        plan = await _claim_plan(kind, url)
+        rows.append((f"claim cost: {suspended:,} waiting + {finished:,} finished runs",
+                     f"{claim_large * 1000:.2f} ms per claim (was {claim_small * 1000:.2f} ms without the finished runs)",
+                     f"{claim_large / claim_small:.2f}x; plan: {plan}"))
+    finally:
+        await store.close()
+    return rows
+
+
+async def _claim_cost(store: Any, count: int) -> float:
+    started = time.perf_counter()
+    for _ in range(count):
+        assert await store.claim("probe", {"waiter", "seq"}, 30.0) is None
+    return (time.perf_counter() - started) / count
+
+
+async def _add_finished(kind: str, url: str, count: int) -> None:
+    if kind == "sqlite":
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=60)
+        conn.execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+            "INSERT INTO runs (run_id, name, version, input_json, status, revision, due_at, created_at, updated_at) "
+            "SELECT 'fin' || i, 'seq', 1, '{}', 'completed', 3, NULL, 0, 0 FROM n", (count,))
+        conn.commit()
+        conn.execute("ANALYZE")
+        conn.close()
+    else:
+        conn = await asyncpg.connect(url)
+        await conn.execute(
+            "INSERT INTO runifold_runs (run_id, name, version, input_json, status, revision, due_at, created_at, updated_at) "
+            "SELECT 'fin' || i, 'seq', 1, '{}', 'completed', 3, NULL, 0, 0 FROM generate_series(1, $1) AS i", count)
+        await conn.execute("ANALYZE runifold_runs")
+        await conn.close()
+
+
+async def _claim_plan(kind: str, url: str) -> str:
+    if kind == "sqlite":
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        rows = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT run_id FROM runs WHERE due_at IS NOT NULL AND due_at <= 0 "
+            "AND name IN (SELECT value FROM json_each('[\"seq\"]')) ORDER BY due_at LIMIT 1").fetchall()
+        conn.close()
+        return "; ".join(r[-1] for r in rows if "runs" in r[-1])
+    conn = await asyncpg.connect(url)
+    rows = await conn.fetch(
+        "EXPLAIN SELECT run_id FROM runifold_runs WHERE due_at IS NOT NULL AND due_at <= runifold_now() "
+        "AND name = ANY($1::text[]) ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED", ["seq"])
+    await conn.close()
+    return next((r[0].strip().lstrip("-> ").split("  (")[0] for r in rows if "runifold_runs" in r[0]), "?")
+
+
+async def run_all(kind: str, limits: Limits, scale: float) -> list[Row]:
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="runifold-bench-") as folder:
+        for bench in (sequential, concurrent, recovery, wake_latency, idle_cost):
+            bench_app.marks.clear()
+            for row in await bench(kind, limits, Path(folder), scale):
+                print(f"[{kind}] {row[0]}: {row[1]} | {row[2]}", flush=True)
+                rows.append(row)
+    return rows
