@@ -312,7 +312,8 @@ class SqliteWorkflowStore:
                 "UPDATE runs SET status = 'running', lease_token = lease_token + 1, lease_owner = ?, "
                 "lease_until = ?, due_at = ?, updated_at = ? WHERE run_id = ("
                 "  SELECT run_id FROM runs WHERE due_at IS NOT NULL AND due_at <= ?"
-                "  AND name IN (SELECT value FROM json_each(?))"
+                # '+name': never let the planner trade the small due-time index for the name index
+                "  AND +name IN (SELECT value FROM json_each(?))"
                 "  AND run_id NOT IN (SELECT value FROM json_each(?))"
                 "  ORDER BY due_at LIMIT 1"
                 ") RETURNING run_id, checkpoint_id, name, version, lease_token",
