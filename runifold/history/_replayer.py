@@ -167,6 +167,11 @@ class Replayer:
         self._visited.add(key)
         return self.events(key)
 
+    @property
+    def visited(self) -> int:
+        """How many distinct keys the code has called so far."""
+        return len(self._visited)
+
     def first_unvisited(self) -> str | None:
         """Return the earliest recorded key the code has not called, if any."""
         for key in self._recorded_order:

@@ -106,6 +106,7 @@ from runifold.worker._outcome import (
     SuspendReason,
 )
 from runifold.worker._registry import bind_input
+from runifold.worker._scope import install_scoped_task_factory
 
 log = structlog.get_logger("runifold.worker")
 
@@ -280,9 +281,9 @@ class Execution:
         """Let concurrent branches replay their recorded calls before judging divergence."""
         quiet = 0
         for _ in range(64):
-            before = len(self.replayer._visited)
+            before = self.replayer.visited
             await asyncio.sleep(0)
-            quiet = quiet + 1 if len(self.replayer._visited) == before else 0
+            quiet = quiet + 1 if self.replayer.visited == before else 0
             if quiet >= 3 or self.replayer.first_unvisited() is None:
                 return
 
@@ -566,8 +567,6 @@ class Execution:
     async def run(self) -> Outcome:
         """Replay and continue the run; return what happened."""
         loop = asyncio.get_running_loop()
-        from runifold.worker._scope import install_scoped_task_factory
-
         install_scoped_task_factory(loop)
         try:
             kwargs = bind_input(self.definition, dict(self.replayer.started.input))
