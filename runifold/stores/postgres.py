@@ -103,6 +103,8 @@ class PostgresWorkflowStore:
         self._retry_seconds = retry_seconds
         self._poll_seconds = poll_seconds
         self._listener: asyncpg.Connection | None = None
+        self._connecting: asyncio.Future[None] | None = None
+        self._due_query: asyncio.Future[float | None] | None = None
         self._work = asyncio.Event()
 
     @classmethod
@@ -428,12 +430,18 @@ class PostgresWorkflowStore:
     async def _ensure_listener(self) -> None:
         if self._listener is not None and not self._listener.is_closed():
             return
+        if self._connecting is None or self._connecting.done():
+            # owned by the store, not by the waiter: a cancelled wait never abandons a half-open connection
+            self._connecting = asyncio.ensure_future(self._connect_listener())
+        await asyncio.shield(self._connecting)
+
+    async def _connect_listener(self) -> None:
         try:
             conn = await asyncpg.connect(self.dsn)
             await conn.add_listener(CHANNEL, self._notified)
             conn.add_termination_listener(self._listener_lost)
             self._listener = conn
-        except (OSError, asyncpg.PostgresError) as exc:
+        except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError) as exc:
             log.warning("listen_failed", error=str(exc))
             self._listener = None
 
@@ -448,12 +456,10 @@ class PostgresWorkflowStore:
     async def wait_for_work(self, timeout: float) -> None:
         """Sleep until notified, until the next due time, or ``timeout`` (capped by the fallback poll)."""
         await self._ensure_listener()
-        try:
-            # only future due times: a due run we could not claim must not make idle workers spin
-            next_due = await self._call(lambda c: c.fetchval(
-                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at > runifold_now()"))
-        except StoreError:
-            next_due = None
+        if self._due_query is None or self._due_query.done():
+            # owned by the store and shielded: cancelling a waiter never cancels a query mid-flight
+            self._due_query = asyncio.ensure_future(self._next_due())
+        next_due = await asyncio.shield(self._due_query)
         wait = min(timeout, self._poll_seconds)
         if next_due is not None:
             wait = max(0.0, min(wait, next_due))
@@ -463,11 +469,23 @@ class PostgresWorkflowStore:
             pass
         self._work.clear()
 
+    async def _next_due(self) -> float | None:
+        """Seconds until the next *future* due time (a due run we could not claim must not make us spin)."""
+        try:
+            value: float | None = await self._call(lambda c: c.fetchval(
+                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at > runifold_now()"))
+        except StoreError:
+            return None
+        return value
+
     def kill_listener_for_tests(self) -> asyncpg.Connection | None:
         """Return the listening connection (tests terminate it to exercise the fallback)."""
         return self._listener
 
     async def close(self) -> None:
+        for pending in (self._connecting, self._due_query):
+            if pending is not None:
+                await asyncio.gather(pending, return_exceptions=True)
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
         await self._pool.close()
