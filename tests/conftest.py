@@ -61,8 +61,7 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
             kwargs = {"clock": clock} if clock else {}
             store: Any = await SqliteWorkflowStore.open(str(tmp_path / "runifold.db"), **kwargs)
         else:
-            if clock is not None:
-                pytest.skip("PostgreSQL judges time on the database clock; no fake clock")
+            assert clock is None, "PostgreSQL judges time on the database clock; it takes no fake clock"
             from runifold.stores.postgres import PostgresWorkflowStore
 
             store = await PostgresWorkflowStore.open(dsn)

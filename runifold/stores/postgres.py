@@ -225,35 +225,37 @@ class PostgresWorkflowStore:
         self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
     ) -> Claim | None:
         async def op(conn: asyncpg.Connection) -> Claim | None:
+            # one round trip: pick and lease a run, and return its history and inbox
+            # (the subqueries see the events and signals as they were; the UPDATE touches neither)
             row = await conn.fetchrow(
                 "WITH pick AS ("
                 "  SELECT run_id FROM runifold_runs"
                 "  WHERE due_at IS NOT NULL AND due_at <= runifold_now() AND name = ANY($2::text[])"
                 "  AND NOT (run_id = ANY($3::text[]))"
                 "  ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-                ") UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
+                "), claimed AS ("
+                "  UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
                 "  lease_until = runifold_now() + $4, due_at = runifold_now() + $4, updated_at = runifold_now()"
-                " FROM pick WHERE r.run_id = pick.run_id"
-                " RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until",
+                "  FROM pick WHERE r.run_id = pick.run_id"
+                "  RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until"
+                ") SELECT c.*,"
+                " (SELECT coalesce(json_agg(json_build_array(e.seq, e.at, e.type, e.key, e.body::text) ORDER BY e.seq), '[]')"
+                "  FROM runifold_events e WHERE e.run_id = c.run_id)::text AS history,"
+                " (SELECT coalesce(json_agg(json_build_array(s.signal_id, s.name, s.payload, s.sender, s.reason, s.received_at)"
+                "  ORDER BY s.received_at, s.arrival), '[]') FROM runifold_signals s"
+                "  WHERE s.run_id = c.run_id AND NOT s.consumed)::text AS inbox"
+                " FROM claimed c",
                 owner, sorted(names), sorted(exclude), lease_seconds,
             )
             if row is None:
                 return None
             run_id = row["run_id"]
-            # invariant: while we hold the lease nobody else appends, so reading after the claim is consistent
-            history = await self._history(conn, run_id)
-            inbox = await conn.fetch(
-                "SELECT signal_id, name, payload::text AS payload, sender, reason, received_at FROM runifold_signals "
-                "WHERE run_id = $1 AND NOT consumed ORDER BY received_at, arrival",
-                run_id,
-            )
             until = row["lease_until"]
-            return Claim(
-                run_id, row["checkpoint_id"], row["name"], row["version"],
-                Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history,
-                [InboxSignal(s["signal_id"], s["name"], msgspec.json.decode(s["payload"]), s["sender"], s["reason"],
-                             s["received_at"]) for s in inbox],
-            )
+            history = [StoredEvent(seq, at, type_, key, body.encode())
+                       for seq, at, type_, key, body in msgspec.json.decode(row["history"])]
+            inbox = [InboxSignal(*signal) for signal in msgspec.json.decode(row["inbox"])]
+            return Claim(run_id, row["checkpoint_id"], row["name"], row["version"],
+                         Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history, inbox)
 
         return await self._call(op)
 

@@ -66,19 +66,17 @@ async def run_load(env: CrashEnv, runs: int, processes: int) -> tuple[list[str],
     return errors, Counter((line.split()[0], line.split()[1]) for line in lines)
 
 
+@pytest.mark.parametrize("crash_env", ["postgres"], indirect=True)
 async def test_four_processes_five_hundred_runs(crash_env: CrashEnv) -> None:
-    """4 worker processes share 500 five-step runs: every run completes, every step completes and runs exactly once."""
-    if crash_env.url.startswith("sqlite"):
-        pytest.skip("the 4 x 500 load test is PostgreSQL's; SQLite gets the multi-process test below")
+    """4 worker processes share 500 five-step runs on PostgreSQL: every run completes, every step completes and runs exactly once."""
     errors, executions = await run_load(crash_env, 500, 4)
     assert len(executions) == 2500 and set(executions.values()) == {1}
     assert not any("Error" in e for e in errors), errors
 
 
+@pytest.mark.parametrize("crash_env", ["sqlite"], indirect=True)
 async def test_sqlite_under_several_processes(crash_env: CrashEnv) -> None:
     """Several worker processes on one SQLite file (WAL): all runs complete and no 'database is locked' reaches anyone."""
-    if not crash_env.url.startswith("sqlite"):
-        pytest.skip("the SQLite multi-process test")
     errors, executions = await run_load(crash_env, 200, 4)
     assert len(executions) == 1000 and set(executions.values()) == {1}
     assert not any("locked" in e or "Unavailable" in e for e in errors), errors

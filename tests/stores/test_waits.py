@@ -208,6 +208,7 @@ async def sleeper(ctx: WorkflowContext) -> str:
     return await after_sleep()
 
 
+@pytest.mark.parametrize("open_store", ["memory", "sqlite"], indirect=True)  # PostgreSQL: the real-clock test below
 async def test_timer_fires_once_never_early_across_a_restart(open_store: Any) -> None:
     """A timer fires exactly once, not before its deadline on the store's clock, with a different worker after a restart."""
     clock = FakeClock()
@@ -229,6 +230,7 @@ async def test_timer_fires_once_never_early_across_a_restart(open_store: Any) ->
     assert isinstance(await worker(store, WorkflowDefinition(sleeper)).run_once(), Idle)
 
 
+@pytest.mark.parametrize("open_store", ["memory", "sqlite"], indirect=True)  # PostgreSQL: the real-clock test below
 async def test_wait_timeout_raises_inside_the_workflow_identically_on_replay(open_store: Any) -> None:
     """A wait that times out raises WaitTimeoutError in the workflow; a later replay takes the same path."""
     from runifold.worker._debug import replay
