@@ -22,10 +22,6 @@ class UsageError(Exception):
     """Bad command-line input: exit code 2."""
 
 
-def env_default(name: str, default: Any = None) -> Any:
-    return os.environ.get(name, default)
-
-
 async def store_of(args: argparse.Namespace) -> WorkflowStore:
     return await open_store(args.store)
 

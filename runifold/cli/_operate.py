@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import msgspec
 
-from runifold.cli._common import UsageError, check_positive, emit_json, env_default, parse_json, registry_of, store_of
+from runifold.cli._common import UsageError, check_positive, emit_json, parse_json, registry_of, store_of
 from runifold.history import Resolution
 from runifold.stores import WorkflowTask
 from runifold.worker import LeaseDuration, Supervisor, WorkerId, WorkflowWorker, cancel_run, resolve_effect
@@ -25,16 +25,13 @@ def _operator() -> str:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = sub.add_parser("worker", help="run a supervisor: claim and drive runs until SIGTERM/SIGINT")
-    worker.add_argument("--concurrency", type=int, default=int(env_default("RUNIFOLD_CONCURRENCY", "8")),
-                        help="runs driven at once (env RUNIFOLD_CONCURRENCY, default 8)")
-    worker.add_argument("--worker-id", default=env_default("RUNIFOLD_WORKER_ID"),
-                        help="lease owner id (env RUNIFOLD_WORKER_ID, default host-pid)")
-    worker.add_argument("--lease", type=check_positive, default=float(env_default("RUNIFOLD_LEASE", "30")),
-                        help="lease seconds (env RUNIFOLD_LEASE, default 30); renewed every third")
-    worker.add_argument("--idle-wait", type=check_positive, default=float(env_default("RUNIFOLD_IDLE_WAIT", "1")),
-                        help="seconds an idle slot waits before polling again (env RUNIFOLD_IDLE_WAIT)")
-    worker.add_argument("--grace", type=check_positive, default=float(env_default("RUNIFOLD_GRACE", "10")),
-                        help="seconds in-flight runs get on shutdown before their leases are released")
+    worker.add_argument("--concurrency", type=int, default=8, help="runs driven at once (default 8)")
+    worker.add_argument("--worker-id", help="lease owner id (default host-pid)")
+    worker.add_argument("--lease", type=check_positive, default=30.0, help="lease seconds (default 30); renewed every third")
+    worker.add_argument("--idle-wait", type=check_positive, default=1.0,
+                        help="seconds an idle slot waits before polling again (default 1)")
+    worker.add_argument("--grace", type=check_positive, default=10.0,
+                        help="seconds in-flight runs get on shutdown before their leases are released (default 10)")
     worker.set_defaults(handler=worker_cmd)
 
     enqueue = sub.add_parser("enqueue", help="start a run (idempotent by --checkpoint-id)")
@@ -52,13 +49,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     how.add_argument("--retry", action="store_true", help="run it again with the same idempotency key")
     how.add_argument("--fail", action="store_true", help="the workflow receives EffectFailedError")
     resolve.add_argument("--reason", required=True)
-    resolve.add_argument("--by", default=env_default("RUNIFOLD_OPERATOR") or _operator())
+    resolve.add_argument("--by", default=_operator(), help="who decides (default: your user name)")
     resolve.set_defaults(handler=resolve_cmd)
 
     cancel = sub.add_parser("cancel", help="cancel an unfinished run")
     cancel.add_argument("run")
     cancel.add_argument("--reason", required=True)
-    cancel.add_argument("--by", default=env_default("RUNIFOLD_OPERATOR") or _operator())
+    cancel.add_argument("--by", default=_operator(), help="who decides (default: your user name)")
     cancel.set_defaults(handler=cancel_cmd)
 
     migrate = sub.add_parser("migrate", help="create or migrate the store's schema")

@@ -7,7 +7,7 @@ import time
 
 import msgspec
 
-from runifold.cli._common import emit_json, env_default, parse_json, registry_of, store_of, table, when
+from runifold.cli._common import emit_json, parse_json, registry_of, store_of, table, when
 from runifold.signals import HmacKeyRing, SignalEnvelope, SignalGateway, sign
 
 
@@ -18,10 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     signal.add_argument("--payload", default="{}", help="JSON payload")
     signal.add_argument("--signal-id", required=True, help="your id for this signal; resending it is deduplicated")
     signal.add_argument("--as", dest="sender", required=True, help="the sender's identity")
-    signal.add_argument("--key-file", default=env_default("RUNIFOLD_KEY_FILE"), required=env_default("RUNIFOLD_KEY_FILE") is None,
-                        help="JSON key file holding the sender's key (env RUNIFOLD_KEY_FILE)")
-    signal.add_argument("--keys", default=env_default("RUNIFOLD_KEYS"),
-                        help="key ring the gateway verifies against (env RUNIFOLD_KEYS; default: --key-file)")
+    signal.add_argument("--key-file", required=True, help="JSON key file holding the sender's key")
+    signal.add_argument("--keys", help="key ring the gateway verifies against (default: --key-file)")
     signal.add_argument("--reason", required=True, help="why: kept in the history and the audit")
     signal.set_defaults(handler=signal_cmd)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, assert_never
 
 import msgspec
 
@@ -139,6 +139,8 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 phase, failure = Phase.FAILED, reason
             case RunCancelled(reason=reason, by=by):
                 phase, failure = Phase.CANCELLED, f"cancelled by {by}: {reason}"
+            case _ as unreachable:
+                assert_never(unreachable)
     pending: dict[str, str] = {}
     for key, events in effect_events.items():
         state = effect_state(events)

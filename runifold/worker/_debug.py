@@ -72,6 +72,11 @@ class ReplayReport:
         """True when code and history agree as far as the history goes."""
         return self.divergence is None
 
+    def raise_for_divergence(self) -> None:
+        """Raise the :class:`NondeterminismError` found, if any."""
+        if self.divergence is not None:
+            raise self.divergence
+
 
 class _DebugDriver:
     def __init__(self, run_id: str, checkpoint_id: str | None, replayer: Replayer, report: ReplayReport) -> None:

@@ -104,6 +104,8 @@ def test_worker_runs_and_inspection_commands(any_cli: Cli) -> None:
     assert listing.returncode == 0 and "c1" in listing.stdout and "completed" in listing.stdout
     listed = json.loads(cli("--json", "runs", "list", "--status", "completed").stdout)
     assert [r["checkpoint_id"] for r in listed] == ["c1"]
+    from_env = json.loads(cli("runs", "list", env={"RUNIFOLD_JSON": "1", "RUNIFOLD_STATUS": "completed"}).stdout)
+    assert from_env == listed  # every flag has an environment variable
     show = cli("runs", "show", "c1")
     assert show.returncode == 0 and "phase completed" in show.stdout and "steps 2 of 10000" in show.stdout
     assert "a#1" in show.stdout and "result      10" in show.stdout
