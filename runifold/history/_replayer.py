@@ -104,6 +104,8 @@ class Replayer:
         self._events: dict[str, list[AnyEvent]] = {}
         self._kind: dict[str, CallKind] = {}
         self._recorded_order: list[str] = []
+        # invariant: every key of _recorded_order before _cursor has been visited
+        self._cursor = 0
         self._visited: set[str] = set()
         self._scope_queue: dict[str, deque[str]] = {}
         self._absorb(entries, visited=False)
@@ -174,10 +176,10 @@ class Replayer:
 
     def first_unvisited(self) -> str | None:
         """Return the earliest recorded key the code has not called, if any."""
-        for key in self._recorded_order:
-            if key not in self._visited:
-                return key
-        return None
+        order = self._recorded_order
+        while self._cursor < len(order) and order[self._cursor] in self._visited:
+            self._cursor += 1
+        return order[self._cursor] if self._cursor < len(order) else None
 
     def check_all_visited(self, called: str) -> None:
         """Raise if a recorded call was skipped before ``called`` runs live.
