@@ -54,12 +54,12 @@ def test_public_api_is_pinned() -> None:
         "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
         "EnqueueConflictError", "Evidence", "Failed", "HmacKeyRing", "Idle", "InvalidInputError", "InvalidStateError",
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
-        "RegistrationError", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailure", "RunInfo",
+        "RegistrationError", "ReplayReport", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailure", "RunInfo",
         "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalEnvelope", "SignalGateway", "SignalRejectedError",
         "StepFailedError", "StoreError", "StoreUnavailableError", "Supervisor", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
-        "WorkflowWorker", "cancel_run", "effect", "open_store", "resolve_effect", "sign", "step", "workflow",
+        "WorkflowWorker", "cancel_run", "check_compatibility", "effect", "open_store", "replay_run", "resolve_effect", "sign", "step", "workflow",
     ])
     for name in runifold.__all__:
         assert hasattr(runifold, name), name
