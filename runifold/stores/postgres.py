@@ -105,6 +105,9 @@ class PostgresWorkflowStore:
         self._listener: asyncpg.Connection | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._due_query: asyncio.Future[float | None] | None = None
+        # run id -> (lease token, connection held for that lease): a commit then skips the
+        # pool's acquire/release (a large part of a step's client cost)
+        self._sessions: dict[str, tuple[int, asyncpg.Connection]] = {}
         self._work = asyncio.Event()
 
     @classmethod
@@ -257,7 +260,16 @@ class PostgresWorkflowStore:
             return Claim(run_id, row["checkpoint_id"], row["name"], row["version"],
                          Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history, inbox)
 
-        return await self._call(op)
+        async def claim_and_hold(conn: asyncpg.Connection) -> Claim | None:
+            claim = await op(conn)
+            if claim is not None:
+                await self._end_session(claim.run_id)
+                if self._pool.get_idle_size() > 1 or self._pool.get_size() < self._pool.get_max_size():
+                    # hold a connection only when the pool has room: a full pool means plain pooled commits
+                    self._sessions[claim.run_id] = (claim.lease.token, await self._pool.acquire())
+            return claim
+
+        return await self._call(claim_and_hold)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         async def op(conn: asyncpg.Connection) -> Lease:
@@ -298,18 +310,47 @@ class PostgresWorkflowStore:
                 "SELECT * FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)", *args
             )
             if not row["ok"]:
+                await self._end_session(lease.run_id)
                 raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
+            if columns is not None:
+                await self._end_session(lease.run_id)  # the lease ends with this commit
             return CommitResult(row["new_revision"], row["at"])
 
+        session = self._sessions.get(lease.run_id)
+        if session is not None and session[0] == lease.token:
+            try:
+                return await op(session[1])
+            except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError) as exc:
+                await self._end_session(lease.run_id, broken=True)
+                if not _transient(exc):
+                    raise StoreError(f"PostgreSQL error {getattr(exc, 'sqlstate', '')}: {exc}") from exc
+                # the retry below is safe: a commit that did land makes the revision fence refuse it
         return await self._call(op)
 
     async def release(self, lease: Lease) -> None:
+        await self._end_session(lease.run_id)
         await self._call(lambda conn: conn.execute(
             "WITH r AS (UPDATE runifold_runs SET status = 'ready', due_at = runifold_now(), lease_owner = NULL, "
             "lease_until = NULL WHERE run_id = $1 AND status = 'running' AND lease_token = $2 RETURNING 1) "
             "SELECT pg_notify($3, '') FROM r",
             lease.run_id, lease.token, CHANNEL,
         ))
+
+    async def end(self, lease: Lease) -> None:
+        session = self._sessions.get(lease.run_id)
+        if session is not None and session[0] == lease.token:
+            await self._end_session(lease.run_id)
+
+    async def _end_session(self, run_id: str, *, broken: bool = False) -> None:
+        session = self._sessions.pop(run_id, None)
+        if session is None:
+            return
+        if broken:
+            session[1].terminate()
+        try:
+            await self._pool.release(session[1])
+        except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError):
+            pass  # the pool replaces a connection it cannot take back
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
@@ -485,6 +526,8 @@ class PostgresWorkflowStore:
         return self._listener
 
     async def close(self) -> None:
+        for run_id in list(self._sessions):
+            await self._end_session(run_id)
         for pending in (self._connecting, self._due_query):
             if pending is not None:
                 await asyncio.gather(pending, return_exceptions=True)

@@ -400,3 +400,30 @@ def test_value_types_validate() -> None:
 
         WorkflowWorker(MemoryWorkflowStore(), WorkflowRegistry(), WorkerId.parse("w"),
                        LeaseDuration(timedelta(seconds=1)), timedelta(seconds=2))
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_returns_every_held_connection(open_store: Any) -> None:
+    """Connections held for leases go back to the pool whether a run completes, suspends, retries, is fenced or released."""
+    store = await open_store()
+    from runifold.stores import SignalDelivery
+
+    gates["gate"] = asyncio.Event()
+    await store.enqueue(WorkflowTask("retrying", 1, {"order_id": "o1"}, checkpoint_id="retry"))
+    await store.enqueue(WorkflowTask("fan-out", 1, {}, checkpoint_id="suspend"))
+    await store.enqueue(WorkflowTask("versioned", 2, {}, checkpoint_id="unavailable"))
+    w = worker(store, WorkflowDefinition(retrying), WorkflowDefinition(fan_out, signals={"go": {"*"}}),
+               WorkflowDefinition(versioned_v1))
+    outcomes = {type(await w.run_once()).__name__ for _ in range(4)}
+    assert outcomes == {"Retried", "Suspended", "DefinitionUnavailable", "Completed"}
+    await store.enqueue(WorkflowTask("blocking", 1, {}, checkpoint_id="fenced"))
+    running = asyncio.create_task(worker(store, WorkflowDefinition(blocking)).run_once())
+    while calls["blocked"] == 0:
+        await asyncio.sleep(0.01)
+    await store.intervene("fenced", {RunStatus.RUNNING}, [EventRow.of(RunCancelled(by="t", reason="fence"))], RunStatus.CANCELLED)
+    gates["gate"].set()
+    assert isinstance(await running, LeaseLost)
+    await store.deliver_signal(SignalDelivery("suspend", "s1", "go", {}, "t", "k", "", "h"))
+    assert isinstance(await w.run_once(), Completed)
+    assert store._sessions == {}
+    assert store._pool.get_idle_size() == store._pool.get_size()
