@@ -314,6 +314,8 @@ class PostgresWorkflowStore:
                 raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
             if columns is not None:
                 await self._end_session(lease.run_id)  # the lease ends with this commit
+                if columns.due_at is not None:
+                    self._work.set()  # local idle slots recompute their sleep at once
             return CommitResult(row["new_revision"], row["at"])
 
         session = self._sessions.get(lease.run_id)

@@ -20,10 +20,14 @@ from runifold import (
     RunStatus,
     Supervisor,
     WorkerId,
+    WorkflowContext,
+    WorkflowDefinition,
     WorkflowRegistry,
     WorkflowTask,
     WorkflowWorker,
     open_store,
+    step,
+    workflow,
 )
 from runifold.stores import Continue
 from runifold.stores.postgres import PostgresWorkflowStore
@@ -166,3 +170,52 @@ async def test_killed_listener_falls_back_to_polling() -> None:
     finally:
         await worker_store.close()
         await sender.close()
+
+
+_hold = {"gate": asyncio.Event()}
+
+
+@step()
+async def held() -> int:
+    await _hold["gate"].wait()
+    return 1
+
+
+@workflow("held-sleeper")
+async def held_sleeper(ctx: WorkflowContext) -> str:
+    await held()
+    await ctx.sleep(timedelta(seconds=0.5))
+    return "woke"
+
+
+async def test_new_timers_wake_idle_workers_without_polling() -> None:
+    """A timer committed by another worker while a supervisor sleeps wakes it at the timer's due time, not at its 60 s poll."""
+    dsn = require_postgres()
+    await reset_postgres(dsn)
+    _hold["gate"] = asyncio.Event()
+    idle_store = await PostgresWorkflowStore.open(dsn, poll_seconds=60.0)
+    other = await open_store(dsn)
+    registry = WorkflowRegistry(WorkflowDefinition(held_sleeper))
+    try:
+        await other.enqueue(WorkflowTask("held-sleeper", 1, {}, checkpoint_id="t1"))
+        first = WorkflowWorker(other, registry, WorkerId.parse("first"), LeaseDuration(timedelta(seconds=30)),
+                               timedelta(seconds=10))
+        holding = asyncio.create_task(first.run_once())
+        while (await other.get_run("t1")).status is not RunStatus.RUNNING:
+            await asyncio.sleep(0.01)
+        idle = WorkflowWorker(idle_store, registry, WorkerId.parse("idle"), LeaseDuration(timedelta(seconds=30)),
+                              timedelta(seconds=10))
+        supervisor = Supervisor(idle, 2, idle_wait=timedelta(seconds=60))
+        running = asyncio.create_task(supervisor.run(handle_signals=False))
+        await asyncio.sleep(0.3)  # the supervisor sleeps until t1's lease expiry, 30 s away
+        _hold["gate"].set()  # the other worker now commits the step and a 0.5 s timer
+        assert type(await holding).__name__ == "Suspended"
+        started = time.monotonic()
+        while (await other.get_run("t1")).status is not RunStatus.COMPLETED:
+            assert time.monotonic() - started < 10, "the idle supervisor overslept a timer it was not told of"
+            await asyncio.sleep(0.05)
+        supervisor.stop()
+        await running
+    finally:
+        await idle_store.close()
+        await other.close()
