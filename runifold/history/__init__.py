@@ -24,9 +24,7 @@ from runifold.history._checkpoint import Checkpoint, Phase, Usage, Wait, fold
 from runifold.history._codec import (
     convert,
     decode_event,
-    decode_value,
     encode_event,
-    encode_value,
     to_plain,
 )
 from runifold.history._events import (
@@ -67,7 +65,7 @@ __all__ = [
     "RunFailed", "RunStarted", "SignalReceived", "SignalTimedOut", "SignalWaitStarted",
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
-    "WaitReceived", "WaitState", "WaitTimedOut", "convert", "decode_event", "decode_value",
-    "effect_state", "encode_event", "encode_value", "fold", "kind_of", "step_state",
+    "WaitReceived", "WaitState", "WaitTimedOut", "convert", "decode_event",
+    "effect_state", "encode_event", "fold", "kind_of", "step_state",
     "timer_state", "to_plain", "type_tag", "wait_state",
 ]

@@ -56,16 +56,3 @@ def convert(value: Any, type_: Any, *, what: str) -> Any:
             f"recorded value of {what} does not fit its annotated type {type_!r} ({exc}); "
             "the return type changed incompatibly: register the change as a new version"
         ) from exc
-
-
-def encode_value(value: Any) -> bytes:
-    """Encode a JSON-compatible value (task input, signal payload)."""
-    return _encoder.encode(value)
-
-
-def decode_value(raw: bytes | str) -> Any:
-    """Decode JSON produced by :func:`encode_value`."""
-    try:
-        return _any_decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise SerializationError(f"stored value cannot be decoded ({exc}); the row is corrupt") from exc

@@ -332,19 +332,9 @@ class WorkflowStore(Protocol):
         ...
 
 
-def filter_names(names: Collection[str]) -> list[str]:
-    """Return ``names`` sorted, for deterministic claim queries."""
-    return sorted(set(names))
-
-
 def same_task(task: WorkflowTask, name: str, version: int, input_json: bytes) -> bool:
     """Tell whether a stored run was created from ``task``."""
     return task.name == name and task.version == version and task.input_json() == input_json
-
-
-def payload_of(raw: bytes | str) -> Any:
-    """Decode a stored JSON payload."""
-    return msgspec.json.decode(raw)
 
 
 

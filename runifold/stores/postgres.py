@@ -523,8 +523,9 @@ class PostgresWorkflowStore:
             return None
         return value
 
-    def kill_listener_for_tests(self) -> asyncpg.Connection | None:
-        """Return the listening connection (tests terminate it to exercise the fallback)."""
+    @property
+    def listener(self) -> asyncpg.Connection | None:
+        """The connection that LISTENs for work, or None while there is none."""
         return self._listener
 
     async def close(self) -> None:

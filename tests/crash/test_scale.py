@@ -147,9 +147,9 @@ async def test_killed_listener_falls_back_to_polling() -> None:
         while (await sender.get_run("o1")).status is not RunStatus.WAITING:
             assert time.monotonic() < deadline
             await asyncio.sleep(0.05)
-        while worker_store.kill_listener_for_tests() is None:
+        while worker_store.listener is None:
             await asyncio.sleep(0.05)
-        listener = worker_store.kill_listener_for_tests()
+        listener = worker_store.listener
         import asyncpg  # type: ignore[import-untyped]
 
         admin = await asyncpg.connect(dsn)
@@ -161,7 +161,7 @@ async def test_killed_listener_falls_back_to_polling() -> None:
             assert time.monotonic() - sent_at < 15, "the signal was not picked up after the listener died"
             await asyncio.sleep(0.05)
         picked_up = time.monotonic() - sent_at
-        relistening = worker_store.kill_listener_for_tests()
+        relistening = worker_store.listener
         assert relistening is not None and relistening is not listener and not relistening.is_closed()
         print(f"signal picked up {picked_up:.2f} s after sending, with the listener killed (fallback poll 1 s)")
         supervisor.stop()
