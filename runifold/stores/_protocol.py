@@ -279,10 +279,6 @@ class WorkflowStore(Protocol):
         """Give a claimed run back untouched, claimable at once."""
         ...
 
-    async def end(self, lease: Lease) -> None:
-        """The worker is done with ``lease`` (finished, suspended or lost): free what the store holds for it."""
-        ...
-
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
     ) -> CommitResult:

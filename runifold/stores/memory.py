@@ -216,9 +216,6 @@ class MemoryWorkflowStore:
         self._clear_lease(run)
         self._work.set()
 
-    async def end(self, lease: Lease) -> None:
-        return None  # nothing is held per lease
-
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
     ) -> CommitResult:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
 import asyncpg  # type: ignore[import-untyped]
@@ -40,6 +41,7 @@ from runifold.stores._protocol import (
     EventRow,
     InboxSignal,
     Lease,
+    RunColumns,
     RunInfo,
     RunStatus,
     SignalDelivery,
@@ -58,6 +60,9 @@ T = TypeVar("T")
 log = structlog.get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
+# Commit batches in flight at once per store: while one is on the server, the next
+# gathers the commits of the runs that the previous one released.
+_COMMIT_LANES = 1
 _MIGRATION_LOCK = 0x72756E69  # "runi": one advisory lock id for schema migrations
 _RUN_COLUMNS = (
     "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
@@ -105,9 +110,11 @@ class PostgresWorkflowStore:
         self._listener: asyncpg.Connection | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._due_query: asyncio.Future[float | None] | None = None
-        # run id -> (lease token, connection held for that lease): a commit then skips the
-        # pool's acquire/release (a large part of a step's client cost)
-        self._sessions: dict[str, tuple[int, asyncpg.Connection]] = {}
+        # commits wait here for the next batch; one task sends the batches on one connection
+        self._commits: list[_PendingCommit] = []
+        self._lanes = [_Lane(dsn) for _ in range(_COMMIT_LANES)]
+        self._idle_lanes = list(self._lanes)
+        self._batchers: set[asyncio.Future[None]] = set()
         self._work = asyncio.Event()
 
     @classmethod
@@ -167,17 +174,26 @@ class PostgresWorkflowStore:
 
     async def _call(self, op: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
         """Run ``op`` on a pooled connection, retrying lost connections with bounded backoff."""
+
+        async def attempt() -> T:
+            async with self._pool.acquire() as conn:
+                return await op(conn)
+
+        return await self._retrying(attempt)
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]], lost: Callable[[], None] = lambda: None) -> T:
+        """Translate driver errors; retry transient ones (calling ``lost`` first) for ``retry_seconds``."""
         deadline = time.monotonic() + self._retry_seconds
         delay = 0.05
         while True:
             try:
-                async with self._pool.acquire() as conn:
-                    return await op(conn)
+                return await attempt()
             except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError) as exc:
                 if not _transient(exc):
                     if isinstance(exc, asyncpg.PostgresError):
                         raise StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}") from exc
                     raise StoreError(f"PostgreSQL driver error: {exc}") from exc
+                lost()
                 if time.monotonic() > deadline:
                     raise StoreUnavailableError(
                         f"PostgreSQL stayed unreachable for {self._retry_seconds:g} s ({exc}); "
@@ -260,16 +276,7 @@ class PostgresWorkflowStore:
             return Claim(run_id, row["checkpoint_id"], row["name"], row["version"],
                          Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history, inbox)
 
-        async def claim_and_hold(conn: asyncpg.Connection) -> Claim | None:
-            claim = await op(conn)
-            if claim is not None:
-                await self._end_session(claim.run_id)
-                if self._pool.get_idle_size() > 1 or self._pool.get_size() < self._pool.get_max_size():
-                    # hold a connection only when the pool has room: a full pool means plain pooled commits
-                    self._sessions[claim.run_id] = (claim.lease.token, await self._pool.acquire())
-            return claim
-
-        return await self._call(claim_and_hold)
+        return await self._call(op)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         async def op(conn: asyncpg.Connection) -> Lease:
@@ -293,66 +300,91 @@ class PostgresWorkflowStore:
         transition: Transition,
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
-        columns = transition_columns(transition)
-        args = (
-            lease.run_id, lease.token, expected_revision,
-            [e.type for e in events], [e.key for e in events], [e.body.decode() for e in events],
-            columns is not None,
-            None if columns is None else str(columns.status),
-            None if columns is None else columns.due_at,
-            [] if columns is None else list(columns.wait_signals),
-            "" if columns is None else columns.reason,
-            list(consumed_signals),
-        )
-
-        async def op(conn: asyncpg.Connection) -> CommitResult:
-            row = await conn.fetchrow(
-                "SELECT * FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)", *args
-            )
-            if not row["ok"]:
-                await self._end_session(lease.run_id)
-                raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
-            if columns is not None:
-                await self._end_session(lease.run_id)  # the lease ends with this commit
-                if columns.due_at is not None:
-                    self._work.set()  # local idle slots recompute their sleep at once
-            return CommitResult(row["new_revision"], row["at"])
-
-        session = self._sessions.get(lease.run_id)
-        if session is not None and session[0] == lease.token:
+        pending = _PendingCommit(lease, expected_revision, events, transition_columns(transition), consumed_signals,
+                                 asyncio.get_running_loop().create_future())
+        if not self._commits and self._idle_lanes:
+            # a lane is free and nothing waits: send this commit at once, from this task
+            lane = self._idle_lanes.pop()
             try:
-                return await op(session[1])
-            except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError) as exc:
-                await self._end_session(lease.run_id, broken=True)
-                if not _transient(exc):
-                    raise StoreError(f"PostgreSQL error {getattr(exc, 'sqlstate', '')}: {exc}") from exc
-                # the retry below is safe: a commit that did land makes the revision fence refuse it
-        return await self._call(op)
+                await self._send_batch(lane, [pending])
+            except asyncio.CancelledError:
+                lane.lose()  # the query may still be running on its connection
+                raise
+            finally:
+                self._idle_lanes.append(lane)
+                self._start_lanes()
+        else:
+            self._commits.append(pending)  # the next batch takes it
+            self._start_lanes()
+        ok, revision, at = await pending.done
+        if not ok:
+            raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
+        if pending.columns is not None and pending.columns.due_at is not None:
+            self._work.set()  # local idle slots recompute their sleep at once
+        return CommitResult(revision, at)
+
+    def _start_lanes(self) -> None:
+        while self._commits and self._idle_lanes:
+            # owned by the store: a cancelled caller never cancels a batch of others' commits
+            self._batchers.add(asyncio.ensure_future(self._commit_batches(self._idle_lanes.pop())))
+        self._batchers = {t for t in self._batchers if not t.done()}
+
+    async def _commit_batches(self, lane: _Lane) -> None:
+        """Send the queued commits, as many as are waiting, in one round trip each time.
+
+        Commits that arrive while every lane is busy wait for the next batch, so
+        batches grow with the load and a lone commit is sent at once.
+        """
+        try:
+            while self._commits:
+                # let the runs whose commits just landed reach their next commit: it joins this batch
+                await asyncio.sleep(0)
+                batch: list[_PendingCommit] = []
+                later: list[_PendingCommit] = []
+                seen: set[str] = set()
+                for pending in self._commits:
+                    if pending.done.done():
+                        continue  # its caller was cancelled before it was sent
+                    # a run appears once per batch: the revision fence judges its commits in order
+                    (later if pending.lease.run_id in seen else batch).append(pending)
+                    seen.add(pending.lease.run_id)
+                self._commits = later
+                if batch:
+                    await self._send_batch(lane, batch)
+        finally:
+            self._idle_lanes.append(lane)
+
+    async def _send_batch(self, lane: _Lane, batch: list[_PendingCommit]) -> None:
+        try:
+            rows = await self._retrying(lambda: lane.run(_batch_json(batch)), lane.lose)
+        except asyncio.CancelledError:
+            for pending in batch:
+                pending.done.cancel()
+            raise
+        except Exception as exc:
+            if not isinstance(exc, StoreError):
+                # invariant: no caller waits forever, whatever went wrong
+                exc = StoreError(f"commit batch failed: {exc!r}")
+            if len(batch) > 1 and not isinstance(exc, StoreUnavailableError):
+                for pending in batch:  # find the commit at fault; the others land on their own
+                    await self._send_batch(lane, [pending])
+                return
+            for pending in batch:
+                if not pending.done.done():
+                    pending.done.set_exception(exc)
+            return
+        for row in rows:
+            pending = batch[row["item"]]
+            if not pending.done.done():
+                pending.done.set_result((row["ok"], row["new_revision"], row["at"]))
 
     async def release(self, lease: Lease) -> None:
-        await self._end_session(lease.run_id)
         await self._call(lambda conn: conn.execute(
             "WITH r AS (UPDATE runifold_runs SET status = 'ready', due_at = runifold_now(), lease_owner = NULL, "
             "lease_until = NULL WHERE run_id = $1 AND status = 'running' AND lease_token = $2 RETURNING 1) "
             "SELECT pg_notify($3, '') FROM r",
             lease.run_id, lease.token, CHANNEL,
         ))
-
-    async def end(self, lease: Lease) -> None:
-        session = self._sessions.get(lease.run_id)
-        if session is not None and session[0] == lease.token:
-            await self._end_session(lease.run_id)
-
-    async def _end_session(self, run_id: str, *, broken: bool = False) -> None:
-        session = self._sessions.pop(run_id, None)
-        if session is None:
-            return
-        if broken:
-            session[1].terminate()
-        try:
-            await self._pool.release(session[1])
-        except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError):
-            pass  # the pool replaces a connection it cannot take back
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
@@ -529,14 +561,68 @@ class PostgresWorkflowStore:
         return self._listener
 
     async def close(self) -> None:
-        for run_id in list(self._sessions):
-            await self._end_session(run_id)
-        for pending in (self._connecting, self._due_query):
+        for pending in (*self._batchers, self._connecting, self._due_query):
             if pending is not None:
                 await asyncio.gather(pending, return_exceptions=True)
+        for lane in self._lanes:
+            await lane.close()
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
         await self._pool.close()
+
+
+@dataclass(slots=True)
+class _PendingCommit:
+    """A commit waiting for the next batch; ``done`` gets (ok, new revision, at)."""
+
+    lease: Lease
+    expected: int
+    events: Sequence[EventRow]
+    columns: RunColumns | None
+    consumed: Sequence[str]
+    done: asyncio.Future[tuple[bool, int, float]]
+
+
+class _Lane:
+    """A connection of the store's own that sends commit batches, one at a time; opened on first use."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: asyncpg.Connection | None = None
+
+    async def run(self, batch: str) -> list[asyncpg.Record]:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self._dsn)
+        rows: list[asyncpg.Record] = await self._conn.fetch(
+            "SELECT item, ok, new_revision, at FROM runifold_commit_batch($1::jsonb)", batch)
+        return rows
+
+    def lose(self) -> None:
+        """Drop the connection (lost, or a query may still run on it); the next batch opens another."""
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
+
+    async def close(self) -> None:
+        if self._conn is not None and not self._conn.is_closed():
+            await self._conn.close()
+
+
+def _batch_json(batch: Sequence[_PendingCommit]) -> str:
+    """The argument of ``runifold_commit_batch`` (its migration documents the shape)."""
+    return _json([
+        {
+            "i": i, "run_id": p.lease.run_id, "token": p.lease.token, "expected": p.expected,
+            "events": [(e.type, e.key, msgspec.Raw(e.body)) for e in p.events],
+            "transition": p.columns is not None,
+            "status": None if p.columns is None else p.columns.status,
+            "due": None if p.columns is None else p.columns.due_at,
+            "signals": () if p.columns is None else p.columns.wait_signals,
+            "reason": "" if p.columns is None else p.columns.reason,
+            "consumed": p.consumed,
+        }
+        for i, p in enumerate(batch)
+    ]).decode()
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

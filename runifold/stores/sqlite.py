@@ -392,9 +392,6 @@ class SqliteWorkflowStore:
 
         await self._write(op, single=True)
 
-    async def end(self, lease: Lease) -> None:
-        return None  # nothing is held per lease
-
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
     ) -> CommitResult:

@@ -112,6 +112,34 @@ class StoreConformance:
             await store.commit(lease, 1, [step_row("b#1")], Continue())
         assert [e.key for e in await store.history("c1")] == ["", "a#1"]
 
+    async def test_concurrent_commits_are_fenced_one_by_one(self, store: Any) -> None:
+        """Commits of several runs sent at once each land or are refused on their own, with their own transition."""
+        leases = [await self._claimed(store, f"c{i}") for i in range(6)]
+        await store.deliver_signal(delivery("c3", "early"))
+        await store.deliver_signal(delivery("c4", "used"))
+        results = await asyncio.gather(
+            store.commit(leases[0], 1, [step_row("a#1", 1), step_row("b#1", 2)], Continue()),
+            store.commit(leases[1], 1, [step_row("a#1", 1)], Continue()),
+            store.commit(leases[2], 7, [step_row("a#1", 1)], Continue()),  # stale: refused
+            store.commit(leases[3], 1, [], Suspend(RunStatus.WAITING, None, ("approval",))),
+            store.commit(leases[4], 1, [step_row("a#1")], Suspend(RunStatus.WAITING, None, ("approval",)),
+                         consumed_signals=["used"]),
+            store.commit(leases[5], 1, [step_row("a#1", "done")], Finish(RunStatus.COMPLETED)),
+            return_exceptions=True,
+        )
+        assert [getattr(r, "revision", type(r).__name__) for r in results] == [3, 2, "LeaseLostError", 1, 2, 2]
+        assert [[e.key for e in await store.history(f"c{i}")] for i in range(6)] == [
+            ["", "a#1", "b#1"], ["", "a#1"], [""], [""], ["", "a#1"], ["", "a#1"]]
+        statuses = [(await store.get_run(f"c{i}")).status for i in range(6)]
+        assert statuses == [RunStatus.RUNNING, RunStatus.RUNNING, RunStatus.RUNNING, RunStatus.WAITING,
+                            RunStatus.WAITING, RunStatus.COMPLETED]
+        # c3's signal beat its wait, so it is due again; c4 consumed its only signal, so it waits on
+        woken = await store.claim("w2", {"wf"}, LEASE)
+        assert woken is not None and woken.checkpoint_id == "c3" and [s.signal_id for s in woken.inbox] == ["early"]
+        assert await store.claim("w2", {"wf"}, LEASE) is None
+        # the lease of a refused commit still holds: the fence judged the revision alone
+        await store.commit(leases[2], 1, [step_row("a#1")], Continue())
+
     async def test_expired_lease_is_taken_over_and_fenced(self, store: Any) -> None:
         """After expiry another worker claims the run; the old holder can neither commit nor renew."""
         old = await self._claimed(store, lease=0.2)

@@ -566,12 +566,6 @@ class Execution:
 
     async def run(self) -> Outcome:
         """Replay and continue the run; return what happened."""
-        try:
-            return await self._run()
-        finally:
-            await asyncio.shield(self.store.end(self.lease))
-
-    async def _run(self) -> Outcome:
         loop = asyncio.get_running_loop()
         install_scoped_task_factory(loop)
         try:
