@@ -62,7 +62,7 @@ log = structlog.get_logger("runifold.stores.postgres")
 CHANNEL = "runifold_work"
 # Commit batches in flight at once per store: while one is on the server, the next
 # gathers the commits of the runs that the previous one released.
-_COMMIT_LANES = 1
+_COMMIT_LANES = int(__import__('os').environ.get('LANES','1'))
 _MIGRATION_LOCK = 0x72756E69  # "runi": one advisory lock id for schema migrations
 _RUN_COLUMNS = (
     "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
@@ -72,6 +72,30 @@ _json = msgspec.json.encode
 # SQLSTATE classes that mean "the connection or server went away; try again".
 _TRANSIENT_CLASSES = ("08", "57", "53")
 _TRANSIENT_CODES = {"40001", "40P01"}
+
+# One round trip: pick and lease a run, and return its history and inbox (the
+# subqueries see the events and signals as they were; the UPDATE touches neither).
+# invariant: "now" is a subquery, evaluated once, so it bounds the due_at index scan;
+# runifold_now() is volatile, and as a plain filter the scan would walk every future timer.
+_CLAIM = (
+    "WITH pick AS ("
+    "  SELECT run_id FROM runifold_runs"
+    "  WHERE due_at IS NOT NULL AND due_at <= (SELECT runifold_now()) AND name = ANY($2::text[])"
+    "  AND NOT (run_id = ANY($3::text[]))"
+    "  ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+    "), claimed AS ("
+    "  UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
+    "  lease_until = runifold_now() + $4, due_at = runifold_now() + $4, updated_at = runifold_now()"
+    "  FROM pick WHERE r.run_id = pick.run_id"
+    "  RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until"
+    ") SELECT c.*,"
+    " (SELECT coalesce(json_agg(json_build_array(e.seq, e.at, e.type, e.key, e.body::text) ORDER BY e.seq), '[]')"
+    "  FROM runifold_events e WHERE e.run_id = c.run_id)::text AS history,"
+    " (SELECT coalesce(json_agg(json_build_array(s.signal_id, s.name, s.payload, s.sender, s.reason, s.received_at)"
+    "  ORDER BY s.received_at, s.arrival), '[]') FROM runifold_signals s"
+    "  WHERE s.run_id = c.run_id AND NOT s.consumed)::text AS inbox"
+    " FROM claimed c"
+)
 
 
 def _run_info(row: asyncpg.Record) -> RunInfo:
@@ -244,28 +268,7 @@ class PostgresWorkflowStore:
         self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
     ) -> Claim | None:
         async def op(conn: asyncpg.Connection) -> Claim | None:
-            # one round trip: pick and lease a run, and return its history and inbox
-            # (the subqueries see the events and signals as they were; the UPDATE touches neither)
-            row = await conn.fetchrow(
-                "WITH pick AS ("
-                "  SELECT run_id FROM runifold_runs"
-                "  WHERE due_at IS NOT NULL AND due_at <= runifold_now() AND name = ANY($2::text[])"
-                "  AND NOT (run_id = ANY($3::text[]))"
-                "  ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-                "), claimed AS ("
-                "  UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
-                "  lease_until = runifold_now() + $4, due_at = runifold_now() + $4, updated_at = runifold_now()"
-                "  FROM pick WHERE r.run_id = pick.run_id"
-                "  RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until"
-                ") SELECT c.*,"
-                " (SELECT coalesce(json_agg(json_build_array(e.seq, e.at, e.type, e.key, e.body::text) ORDER BY e.seq), '[]')"
-                "  FROM runifold_events e WHERE e.run_id = c.run_id)::text AS history,"
-                " (SELECT coalesce(json_agg(json_build_array(s.signal_id, s.name, s.payload, s.sender, s.reason, s.received_at)"
-                "  ORDER BY s.received_at, s.arrival), '[]') FROM runifold_signals s"
-                "  WHERE s.run_id = c.run_id AND NOT s.consumed)::text AS inbox"
-                " FROM claimed c",
-                owner, sorted(names), sorted(exclude), lease_seconds,
-            )
+            row = await conn.fetchrow(_CLAIM, owner, sorted(names), sorted(exclude), lease_seconds)
             if row is None:
                 return None
             run_id = row["run_id"]
@@ -302,8 +305,8 @@ class PostgresWorkflowStore:
     ) -> CommitResult:
         pending = _PendingCommit(lease, expected_revision, events, transition_columns(transition), consumed_signals,
                                  asyncio.get_running_loop().create_future())
-        if not self._commits and self._idle_lanes:
-            # a lane is free and nothing waits: send this commit at once, from this task
+        if not self._commits and len(self._idle_lanes) == len(self._lanes):
+            # nothing in flight: send this commit at once, from this task
             lane = self._idle_lanes.pop()
             try:
                 await self._send_batch(lane, [pending])
@@ -550,7 +553,7 @@ class PostgresWorkflowStore:
         """Seconds until the next *future* due time (a due run we could not claim must not make us spin)."""
         try:
             value: float | None = await self._call(lambda c: c.fetchval(
-                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at > runifold_now()"))
+                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at > (SELECT runifold_now())"))
         except StoreError:
             return None
         return value

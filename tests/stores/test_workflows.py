@@ -426,3 +426,30 @@ async def test_postgres_returns_every_pooled_connection(open_store: Any) -> None
     await store.deliver_signal(SignalDelivery("suspend", "s1", "go", {}, "t", "k", "", "h"))
     assert isinstance(await w.run_once(), Completed)
     assert store._pool.get_idle_size() == store._pool.get_size()
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> None:
+    """The claim's due_at bound is an index condition, so future timers are never scanned one by one."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    from runifold.stores.postgres import _CLAIM
+
+    store = await open_store()
+    conn = await asyncpg.connect(store.dsn)
+    try:
+        await conn.execute(  # 5,000 runs sleeping on timers an hour away
+            "INSERT INTO runifold_runs (run_id, name, version, input_json, status, revision, due_at, created_at, "
+            "updated_at) SELECT 'sleep' || i, 'wf', 1, '{}', 'waiting', 2, runifold_now() + 3600, 0, 0 "
+            "FROM generate_series(1, 5000) AS i")
+        await conn.execute("ANALYZE runifold_runs")
+        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_CLAIM}", "w", ["wf"], [], 30.0)
+    finally:
+        await conn.close()
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    scans = [n for n in nodes(msgspec.json.decode(plan)[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due"]
+    assert scans and "due_at <=" in scans[0]["Index Cond"], scans
+    assert scans[0].get("Rows Removed by Filter", 0) == 0 and scans[0]["Actual Rows"] == 0, scans
