@@ -137,6 +137,7 @@ class SqliteWorkflowStore:
         self._busy_seconds = busy_seconds
         self._queue: list[tuple[Op[Any], asyncio.Future[Any], bool]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._inline = False  # a caller runs its own one-statement write
         self._work = asyncio.Event()
         #: durable transactions (fsyncs) and write operations so far: grouped commits share a transaction
         self.transactions = 0
@@ -200,18 +201,34 @@ class SqliteWorkflowStore:
 
     async def _write(self, op: Op[T], *, single: bool = False) -> T:
         """Queue a write. ``single`` ops are one statement: alone, they run in autocommit (one hop)."""
+        if single and not self._queue and not self._inline and (self._flusher is None or self._flusher.done()):
+            # nothing queued or in flight: run it at once, from this task
+            self._inline = True
+            try:
+                return await self._autocommit(op)
+            except sqlite3.Error as exc:
+                raise _translate(exc) from exc
+            finally:
+                self._inline = False
+                self._start_flusher()
         future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         self._queue.append((op, future, single))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+        self._start_flusher()
         return await future
+
+    def _start_flusher(self) -> None:
+        if self._queue and not self._inline and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
         while self._queue:
             batch, self._queue = self._queue, []
             try:
                 if len(batch) == 1 and batch[0][2]:
-                    await self._autocommit(batch[0][0], batch[0][1])
+                    try:
+                        _settle(batch[0][1], await self._autocommit(batch[0][0]))
+                    except RunifoldError as exc:
+                        _settle(batch[0][1], exc=exc)
                 else:
                     await self._transaction(batch)
             except sqlite3.Error as exc:
@@ -229,21 +246,17 @@ class SqliteWorkflowStore:
                     _settle(future, exc=exc)
                 raise
 
-    async def _autocommit(self, op: Op[Any], future: asyncio.Future[Any]) -> None:
+    async def _autocommit(self, op: Op[T]) -> T:
         # one statement outside BEGIN/COMMIT is its own durable transaction: one thread hop
-        result: list[Any] = []
+        result: list[T] = []
 
         async def attempt() -> None:
             result.append(await op(self._writer))
 
-        try:
-            await _with_busy_retry(attempt, self._busy_seconds)
-        except RunifoldError as exc:
-            _settle(future, exc=exc)
-            return
+        await _with_busy_retry(attempt, self._busy_seconds)
         self.transactions += 1
         self.operations += 1
-        _settle(future, result[-1])
+        return result[-1]
 
     async def _transaction(self, batch: list[tuple[Op[Any], asyncio.Future[Any], bool]]) -> None:
         conn = self._writer
