@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
+import msgspec
 
 from benchmarks import bench_app
 from benchmarks._limits import Limits
@@ -34,6 +36,7 @@ from runifold import (
     sign,
 )
 from runifold.history import TimerStarted, decode_event
+from runifold.stores.sqlite import SqliteWorkflowStore
 
 ROOT = Path(__file__).resolve().parents[1]
 APP = "benchmarks.bench_app:registry"
@@ -84,34 +87,61 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of each thread of this process, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    usage = {}
+    for tid in os.listdir("/proc/self/task"):
+        fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        usage[tid] = (int(fields[11]) + int(fields[12])) / ticks
+    return usage
+
+
 async def sequential(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
     n = max(100, int(1000 * scale))
-    store, _ = await fresh_store(kind, folder)
-    try:
-        await store.enqueue(WorkflowTask("seq", 1, {"n": n}))
-        worker = make_worker(store)
-        wall, cpu = time.perf_counter(), time.process_time()
-        await worker.run_once()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    finally:
-        await store.close()
-    rate = n / wall
-    rows = [(f"sequential: 1 run of {n} steps", f"{rate:,.0f} steps/s, {cpu / n * 1000:.3f} ms CPU/step",
-             f"{rate / limits.one:.0%} of 1-connection commits/s")]
-    if "1 connection through aiosqlite" in limits.extra:
-        rows[0] = (rows[0][0], rows[0][1],
-                   f"{rate / limits.one:.0%} of in-thread sqlite3; {rate / limits.extra['1 connection through aiosqlite']:.0%} of aiosqlite")
+    rows = [await _sequential_run(kind, limits, folder, n)]
+    if kind == "sqlite":
+        rows.append(await _sequential_run(kind, limits, folder, n, durable=False))
     return rows
 
 
-async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
-    runs = max(100, int(1000 * scale))
-    store, url = await fresh_store(kind, folder)
-    rows: list[Row] = []
+async def _sequential_run(kind: str, limits: Limits, folder: Path, n: int, durable: bool = True) -> Row:
+    if durable:
+        store, _ = await fresh_store(kind, folder)
+    else:
+        store = await SqliteWorkflowStore.open(str(folder / f"normal-{time.monotonic_ns()}.db"), durable=False)
+    try:
+        await store.enqueue(WorkflowTask("seq", 1, {"n": n}))
+        worker = make_worker(store)
+        loop_thread = str(threading.get_native_id())
+        threads = _thread_cpu()
+        wall, cpu = time.perf_counter(), time.process_time()
+        await worker.run_once()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        after = _thread_cpu()
+    finally:
+        await store.close()
+    rate = n / wall
+    result = f"{rate:,.0f} steps/s, {cpu / n * 1000:.3f} ms CPU/step"
+    if kind == "sqlite":
+        on_loop = (after[loop_thread] - threads.get(loop_thread, 0.0)) / n * 1000
+        result += f" (event-loop thread {on_loop:.3f}, aiosqlite's threads {cpu / n * 1000 - on_loop:.3f})"
+    if not durable:
+        return (f"sequential, synchronous=NORMAL (not the durable default): 1 run of {n} steps", result,
+                f"{rate / limits.one:.0%} of in-thread sqlite3 with synchronous=FULL")
+    ratio = f"{rate / limits.one:.0%} of 1-connection commits/s"
+    if "1 connection through aiosqlite" in limits.extra:
+        ratio = f"{rate / limits.one:.0%} of in-thread sqlite3; {rate / limits.extra['1 connection through aiosqlite']:.0%} of aiosqlite"
+    return (f"sequential: 1 run of {n} steps", result, ratio)
+
+
+async def _in_process(kind: str, limits: Limits, folder: Path, runs: int, slots: int) -> Row:
+    """``runs`` runs of 5 steps under one ``Supervisor`` with ``slots`` runs at once."""
+    store, _ = await fresh_store(kind, folder)
     try:
         for i in range(runs):
             await store.enqueue(WorkflowTask("five", 1, {"n": i}))
-        supervisor = Supervisor(make_worker(store), 8, idle_wait=timedelta(seconds=0.05))
+        supervisor = Supervisor(make_worker(store), slots, idle_wait=timedelta(seconds=0.05))
         transactions = getattr(store, "transactions", 0)
         started = time.perf_counter()
         task = asyncio.create_task(supervisor.run(handle_signals=False))
@@ -119,24 +149,33 @@ async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> l
         elapsed = time.perf_counter() - started
         supervisor.stop()
         await task
-        steps = runs * 5 / elapsed
-        detail = f"{steps / limits.many:.0%} of 8-connection commits/s"
-        if kind == "sqlite":
-            per_tx = (runs * 6) / max(1, store.transactions - transactions)
-            detail += f"; {per_tx:.1f} commits per fsync (grouped)"
-        rows.append((f"concurrent: {runs} runs x 5 steps, 1 process, 8 at once",
-                     f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail))
     finally:
         await store.close()
+    steps = runs * 5 / elapsed
+    detail = f"{steps / limits.many:.0%} of 8-connection commits/s"
+    if kind == "sqlite":
+        detail += f"; {(runs * 6) / max(1, store.transactions - transactions):.1f} commits per fsync (grouped)"
+    return (f"concurrent: {runs} runs x 5 steps, 1 process, {slots} at once",
+            f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail)
+
+
+async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
+    runs = max(100, int(1000 * scale))
+    rows: list[Row] = []
+    for slots in (8, 32) if kind == "postgres" else (8,):
+        rows.append(await _in_process(kind, limits, folder, runs, slots))
     if kind == "postgres":
         store, url = await fresh_store(kind, folder)
         try:
             procs = [spawn_worker(url, f"bench-{i}", None, "--concurrency", "8", "--idle-wait", "0.05") for i in range(4)]
             for proc in procs:
                 wait_ready(proc)
-            started = time.perf_counter()
-            for i in range(runs):  # enqueue while the workers run: they wake on NOTIFY
+                proc.send_signal(signal.SIGSTOP)  # started and listening, frozen while the runs are enqueued
+            for i in range(runs):
                 await store.enqueue(WorkflowTask("five", 1, {"n": i}))
+            started = time.perf_counter()
+            for proc in procs:
+                proc.send_signal(signal.SIGCONT)  # they wake on the queued NOTIFYs
 
             async def done() -> bool:
                 return len(await store.list_runs(status=RunStatus.COMPLETED, limit=runs)) >= runs
@@ -149,7 +188,7 @@ async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> l
                 p.wait()
             steps = runs * 5 / elapsed
             rows.append((f"concurrent: {runs} runs x 5 steps, 4 processes x 8", f"{runs / elapsed:,.0f} runs/s, "
-                         f"{steps:,.0f} steps/s (from the first enqueue)", f"{steps / limits.many:.0%} of 8-connection commits/s"))
+                         f"{steps:,.0f} steps/s (runs enqueued before the workers resume)", f"{steps / limits.many:.0%} of 8-connection commits/s"))
         finally:
             await store.close()
     return rows
@@ -195,7 +234,7 @@ async def recovery(kind: str, limits: Limits, folder: Path, scale: float) -> lis
         await store.history("rec")
         load = time.perf_counter() - load
         timed = _TimedClaims(store)
-        worker = make_worker(timed, "rescuer")  # type: ignore[arg-type]
+        worker = make_worker(timed, "rescuer")
         started = time.time()
         outcome = await worker.run_once()
         finished = time.time()
@@ -236,7 +275,11 @@ async def wake_latency(kind: str, limits: Limits, folder: Path, scale: float) ->
             await gateway.send(sign(SignalEnvelope(target=f"w{i}", name="go", payload={}, signal_id=f"s{i}",
                                                    sender="bench", reason="bench", key_id="bench-1", timestamp=sent),
                                     keys.secret_of("bench-1")))
-            await until(lambda i=i: asyncio.sleep(0, f"w{i}" in bench_app.marks), every=0.001)
+
+            async def resumed(name: str = f"w{i}") -> bool:
+                return name in bench_app.marks
+
+            await until(resumed, every=0.001)
             latencies.append(bench_app.marks[f"w{i}"] - sent)
         for i in range(count):
             await sender.enqueue(WorkflowTask("sleeper", 1, {"name": f"t{i}", "seconds": 0.5}, checkpoint_id=f"t{i}"))
@@ -289,21 +332,22 @@ async def idle_cost(kind: str, limits: Limits, folder: Path, scale: float) -> li
     rows: list[Row] = []
     try:
         empty_cpu, empty_rss = await _idle_worker(url, 5)
-        for i in range(suspended):
-            await store.enqueue(WorkflowTask("waiter", 1, {"name": f"i{i}"}))
+        for i in range(suspended):  # half wait for a signal, half sleep on a timer an hour away
+            await store.enqueue(WorkflowTask("waiter", 1, {"name": f"i{i}"}) if i % 2 else
+                                WorkflowTask("sleeper", 1, {"name": f"i{i}", "seconds": 3600.0}))
         supervisor = Supervisor(make_worker(store), 8, idle_wait=timedelta(seconds=0.05))
         task = asyncio.create_task(supervisor.run(handle_signals=False))
         await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Suspended", 0) >= suspended))
         supervisor.stop()
         await task
         busy_cpu, busy_rss = await _idle_worker(url, 5)
-        rows.append((f"idle cost: {suspended:,} suspended runs", f"idle worker RSS {busy_rss:.0f} MiB, CPU {busy_cpu:.2%}",
+        rows.append((f"idle cost: {suspended:,} suspended runs (half on signals, half on timers)", f"idle worker RSS {busy_rss:.0f} MiB, CPU {busy_cpu:.2%}",
                      f"vs empty store: RSS {busy_rss / empty_rss:.2f}x, CPU {busy_cpu * 100:.2f} vs {empty_cpu * 100:.2f} %"))
         claim_small = await _claim_cost(store, 200)
         await _add_finished(kind, url, finished)
         claim_large = await _claim_cost(store, 200)
         plan = await _claim_plan(kind, url)
-        rows.append((f"claim cost: {suspended:,} waiting + {finished:,} finished runs",
+        rows.append((f"claim cost: {suspended:,} suspended + {finished:,} finished runs",
                      f"{claim_large * 1000:.2f} ms per claim (was {claim_small * 1000:.2f} ms without the finished runs)",
                      f"{claim_large / claim_small:.2f}x; plan: {plan}"))
     finally:
@@ -314,7 +358,7 @@ async def idle_cost(kind: str, limits: Limits, folder: Path, scale: float) -> li
 async def _claim_cost(store: Any, count: int) -> float:
     started = time.perf_counter()
     for _ in range(count):
-        assert await store.claim("probe", {"waiter", "seq"}, 30.0) is None
+        assert await store.claim("probe", {"waiter", "sleeper", "seq"}, 30.0) is None
     return (time.perf_counter() - started) / count
 
 
@@ -345,12 +389,18 @@ async def _claim_plan(kind: str, url: str) -> str:
             "AND +name IN (SELECT value FROM json_each('[\"seq\"]')) ORDER BY due_at LIMIT 1").fetchall()
         conn.close()
         return "; ".join(r[-1] for r in rows if "runs" in r[-1])
+    from runifold.stores.postgres import _CLAIM  # the store's own claim statement
+
     conn = await asyncpg.connect(url)
-    rows = await conn.fetch(
-        "EXPLAIN SELECT run_id FROM runifold_runs WHERE due_at IS NOT NULL AND due_at <= runifold_now() "
-        "AND name = ANY($1::text[]) ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED", ["seq"])
+    plan = msgspec.json.decode(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {_CLAIM}", "probe", ["seq"], [], 30.0))
     await conn.close()
-    return next((r[0].strip().lstrip("-> ").split("  (")[0] for r in rows if "runifold_runs" in r[0]), "?")
+
+    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
+
+    scan = next((n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "runifold_runs" and "Index Cond" in n
+                 and "due_at" in n["Index Cond"]), None)
+    return "?" if scan is None else f"{scan['Node Type']} using {scan['Index Name']}, Index Cond: {scan['Index Cond']}"
 
 
 async def run_all(kind: str, limits: Limits, scale: float) -> list[Row]:

@@ -4,8 +4,10 @@
   the same statement: concurrent workers never wait on each other's claims.
 * Every time (lease expiry, timers, signal freshness) is judged on the database
   clock, ``clock_timestamp()``, never on a worker's.
-* A durable step is one round trip: ``runifold_commit`` (a function created by
-  the migration) fences, appends, consumes signals and applies the transition.
+* A durable step is one round trip: ``runifold_commit_batch`` (a function
+  created by the migrations) fences, appends, consumes signals and applies the
+  transition. The concurrent commits of a process share that round trip, one
+  transaction and one WAL flush, each fenced on its own.
 * ``LISTEN runifold_work``: idle workers wake at once when a run becomes due;
   a due timer wakes them through the next-due-time they sleep until; polling
   remains only as a fallback, and a dropped listening connection is reopened.
@@ -60,9 +62,6 @@ T = TypeVar("T")
 log = structlog.get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
-# Commit batches in flight at once per store: while one is on the server, the next
-# gathers the commits of the runs that the previous one released.
-_COMMIT_LANES = int(__import__('os').environ.get('LANES','1'))
 _MIGRATION_LOCK = 0x72756E69  # "runi": one advisory lock id for schema migrations
 _RUN_COLUMNS = (
     "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
@@ -136,9 +135,9 @@ class PostgresWorkflowStore:
         self._due_query: asyncio.Future[float | None] | None = None
         # commits wait here for the next batch; one task sends the batches on one connection
         self._commits: list[_PendingCommit] = []
-        self._lanes = [_Lane(dsn) for _ in range(_COMMIT_LANES)]
-        self._idle_lanes = list(self._lanes)
-        self._batchers: set[asyncio.Future[None]] = set()
+        self._lane = _Lane(dsn)
+        self._lane_busy = False  # a batch is in flight on it
+        self._batcher: asyncio.Future[None] | None = None
         self._work = asyncio.Event()
 
     @classmethod
@@ -305,20 +304,20 @@ class PostgresWorkflowStore:
     ) -> CommitResult:
         pending = _PendingCommit(lease, expected_revision, events, transition_columns(transition), consumed_signals,
                                  asyncio.get_running_loop().create_future())
-        if not self._commits and len(self._idle_lanes) == len(self._lanes):
+        if not self._commits and not self._lane_busy:
             # nothing in flight: send this commit at once, from this task
-            lane = self._idle_lanes.pop()
+            self._lane_busy = True
             try:
-                await self._send_batch(lane, [pending])
+                await self._send_batch([pending])
             except asyncio.CancelledError:
-                lane.lose()  # the query may still be running on its connection
+                self._lane.lose()  # the query may still be running on its connection
                 raise
             finally:
-                self._idle_lanes.append(lane)
-                self._start_lanes()
+                self._lane_busy = False
+                self._start_batcher()
         else:
             self._commits.append(pending)  # the next batch takes it
-            self._start_lanes()
+            self._start_batcher()
         ok, revision, at = await pending.done
         if not ok:
             raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
@@ -326,16 +325,16 @@ class PostgresWorkflowStore:
             self._work.set()  # local idle slots recompute their sleep at once
         return CommitResult(revision, at)
 
-    def _start_lanes(self) -> None:
-        while self._commits and self._idle_lanes:
+    def _start_batcher(self) -> None:
+        if self._commits and not self._lane_busy:
+            self._lane_busy = True
             # owned by the store: a cancelled caller never cancels a batch of others' commits
-            self._batchers.add(asyncio.ensure_future(self._commit_batches(self._idle_lanes.pop())))
-        self._batchers = {t for t in self._batchers if not t.done()}
+            self._batcher = asyncio.ensure_future(self._commit_batches())
 
-    async def _commit_batches(self, lane: _Lane) -> None:
+    async def _commit_batches(self) -> None:
         """Send the queued commits, as many as are waiting, in one round trip each time.
 
-        Commits that arrive while every lane is busy wait for the next batch, so
+        Commits that arrive while a batch is in flight wait for the next one, so
         batches grow with the load and a lone commit is sent at once.
         """
         try:
@@ -353,13 +352,13 @@ class PostgresWorkflowStore:
                     seen.add(pending.lease.run_id)
                 self._commits = later
                 if batch:
-                    await self._send_batch(lane, batch)
+                    await self._send_batch(batch)
         finally:
-            self._idle_lanes.append(lane)
+            self._lane_busy = False
 
-    async def _send_batch(self, lane: _Lane, batch: list[_PendingCommit]) -> None:
+    async def _send_batch(self, batch: list[_PendingCommit]) -> None:
         try:
-            rows = await self._retrying(lambda: lane.run(_batch_json(batch)), lane.lose)
+            rows = await self._retrying(lambda: self._lane.run(_batch_json(batch)), self._lane.lose)
         except asyncio.CancelledError:
             for pending in batch:
                 pending.done.cancel()
@@ -370,7 +369,7 @@ class PostgresWorkflowStore:
                 exc = StoreError(f"commit batch failed: {exc!r}")
             if len(batch) > 1 and not isinstance(exc, StoreUnavailableError):
                 for pending in batch:  # find the commit at fault; the others land on their own
-                    await self._send_batch(lane, [pending])
+                    await self._send_batch([pending])
                 return
             for pending in batch:
                 if not pending.done.done():
@@ -564,11 +563,10 @@ class PostgresWorkflowStore:
         return self._listener
 
     async def close(self) -> None:
-        for pending in (*self._batchers, self._connecting, self._due_query):
+        for pending in (self._batcher, self._connecting, self._due_query):
             if pending is not None:
                 await asyncio.gather(pending, return_exceptions=True)
-        for lane in self._lanes:
-            await lane.close()
+        await self._lane.close()
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
         await self._pool.close()
@@ -587,7 +585,7 @@ class _PendingCommit:
 
 
 class _Lane:
-    """A connection of the store's own that sends commit batches, one at a time; opened on first use."""
+    """The connection the store sends commit batches on, one at a time; opened on first use."""
 
     def __init__(self, dsn: str) -> None:
         self._dsn = dsn
