@@ -62,6 +62,8 @@ T = TypeVar("T")
 log = structlog.get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
+#: the application_name of the connection that sends commit batches (see pg_stat_activity)
+COMMIT_APPLICATION = "runifold-commits"
 _MIGRATION_LOCK = 0x72756E69  # "runi": one advisory lock id for schema migrations
 _RUN_COLUMNS = (
     "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
@@ -103,8 +105,16 @@ def _run_info(row: asyncpg.Record) -> RunInfo:
                    row["created_at"], row["updated_at"], row["reason"])
 
 
+# What a driver call can raise. InternalClientError comes from a connection whose
+# server went away between calls (the protocol is still consuming the server's
+# last error): like a lost connection, it is dropped and the call retried.
+_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError,
+                  asyncpg.exceptions.InternalClientError)
+
+
 def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError)):
+    if isinstance(exc, (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError,
+                        asyncpg.exceptions.InternalClientError)):
         return True
     code = getattr(exc, "sqlstate", None) or ""
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
@@ -200,7 +210,12 @@ class PostgresWorkflowStore:
 
         async def attempt() -> T:
             async with self._pool.acquire() as conn:
-                return await op(conn)
+                try:
+                    return await op(conn)
+                except _DRIVER_ERRORS as exc:
+                    if _transient(exc):
+                        conn.terminate()  # the pool replaces it rather than hand it out again
+                    raise
 
         return await self._retrying(attempt)
 
@@ -211,7 +226,7 @@ class PostgresWorkflowStore:
         while True:
             try:
                 return await attempt()
-            except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError) as exc:
+            except _DRIVER_ERRORS as exc:
                 if not _transient(exc):
                     if isinstance(exc, asyncpg.PostgresError):
                         raise StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}") from exc
@@ -520,7 +535,7 @@ class PostgresWorkflowStore:
             await conn.add_listener(CHANNEL, self._notified)
             conn.add_termination_listener(self._listener_lost)
             self._listener = conn
-        except (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError) as exc:
+        except _DRIVER_ERRORS as exc:
             log.warning("listen_failed", error=str(exc))
             self._listener = None
 
@@ -593,7 +608,7 @@ class _Lane:
 
     async def run(self, batch: str) -> list[asyncpg.Record]:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self._dsn)
+            self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": COMMIT_APPLICATION})
         rows: list[asyncpg.Record] = await self._conn.fetch(
             "SELECT item, ok, new_revision, at FROM runifold_commit_batch($1::jsonb)", batch)
         return rows

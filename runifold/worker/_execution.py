@@ -38,6 +38,7 @@ from runifold.errors import (
     RunifoldError,
     SerializationError,
     StepFailedError,
+    StoreUnavailableError,
     WaitTimeoutError,
     describe,
 )
@@ -302,6 +303,10 @@ class Execution:
                 result = await self.store.commit(self.lease, self.revision, rows, transition, consumed)
             except LeaseLostError as exc:
                 self._lose(str(exc))
+                raise _Abandoned() from None
+            except StoreUnavailableError as exc:
+                # the commit's outcome is unknown: the run is taken over when the lease expires
+                self._lose(f"store unavailable: {exc}")
                 raise _Abandoned() from None
             finally:
                 current.reset(token)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from datetime import timedelta
@@ -219,3 +221,47 @@ async def test_new_timers_wake_idle_workers_without_polling() -> None:
     finally:
         await idle_store.close()
         await other.close()
+
+
+async def test_killed_commit_connection_loses_no_step() -> None:
+    """The connection that carries commit batches is killed again and again under load: every run completes, every step body runs once."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    from runifold.stores.postgres import COMMIT_APPLICATION
+    from tests.crash import load_app
+
+    dsn = require_postgres()
+    await reset_postgres(dsn)
+    store = await PostgresWorkflowStore.open(dsn)
+    admin = await asyncpg.connect(dsn)
+    counts = Path(tempfile.mkdtemp(prefix="runifold-kill-commits-")) / "counts"
+    os.environ["RUNIFOLD_TEST_COUNTS"] = str(counts)
+    runs, killed = 100, 0
+    try:
+        for i in range(runs):
+            await store.enqueue(WorkflowTask("five-steps", 1, {"checkpoint": f"k{i}"}, checkpoint_id=f"k{i}"))
+        w = WorkflowWorker(store, load_app.registry, WorkerId.parse("killed-commits"),
+                           LeaseDuration(timedelta(seconds=2)), timedelta(seconds=0.6))
+        supervisor = Supervisor(w, 8, idle_wait=timedelta(seconds=0.1))
+        running = asyncio.create_task(supervisor.run(handle_signals=False))
+        deadline = time.monotonic() + 120
+        while len(await store.list_runs(status=RunStatus.COMPLETED, limit=runs)) < runs:
+            assert time.monotonic() < deadline, "runs did not complete after their commit connection was killed"
+            assert await store.list_runs(status=RunStatus.FAILED) == [], "a lost connection failed a run"
+            if killed < 10:
+                killed += await admin.fetchval(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+                    COMMIT_APPLICATION)
+            await asyncio.sleep(0.03)
+        supervisor.stop()
+        await running
+        for i in range(runs):
+            keys = [e.key for e in await store.history(f"k{i}") if e.type == "step_completed"]
+            assert keys == [f"work#{n}" for n in range(1, 6)], (i, keys)
+        executions = Counter(tuple(line.split()[:2]) for line in counts.read_text().splitlines())
+        print(f"commit connection killed {killed} times; {len(executions)} step bodies, each run once")
+        assert killed >= 3 and len(executions) == runs * 5 and set(executions.values()) == {1}
+    finally:
+        os.environ.pop("RUNIFOLD_TEST_COUNTS", None)
+        await admin.close()
+        await store.close()
