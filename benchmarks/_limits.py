@@ -24,10 +24,13 @@ class Limits:
     one: float  # one connection (SQLite: stdlib sqlite3 in the calling thread)
     many: float  # 8 connections at once
     extra: dict[str, float] = field(default_factory=dict)
+    #: the process's CPU seconds per operation, for the one-connection limits
+    cpu: dict[str, float] = field(default_factory=dict)
 
     def describe(self) -> list[str]:
         lines = [f"1 connection {self.one:,.0f} commits/s", f"8 connections {self.many:,.0f} commits/s"]
         lines += [f"{k} {v:,.0f} commits/s" for k, v in self.extra.items()]
+        lines += [f"{k}: {v * 1000:.3f} ms CPU per commit" for k, v in self.cpu.items()]
         return lines
 
 
@@ -48,9 +51,9 @@ async def _sqlite() -> Limits:
     path = str(Path(folder) / "raw.db")
     conn = _sqlite_conn(path)
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     _sqlite_inserts(conn, OPS)
-    one = OPS / (time.perf_counter() - started)
+    one, one_cpu = OPS / (time.perf_counter() - started), (time.process_time() - cpu) / OPS
     conns = [_sqlite_conn(path) for _ in range(8)]
     threads = [threading.Thread(target=_sqlite_inserts, args=(c, OPS // 8)) for c in conns]
     started = time.perf_counter()
@@ -61,14 +64,16 @@ async def _sqlite() -> Limits:
     many = (OPS // 8 * 8) / (time.perf_counter() - started)
     async with aiosqlite.connect(path, isolation_level=None) as aconn:
         await aconn.execute("PRAGMA synchronous=FULL")
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         for _ in range(OPS // 2):
             await aconn.execute("INSERT INTO t (body) VALUES (?)", ("x",))
         through_aiosqlite = (OPS // 2) / (time.perf_counter() - started)
+        aiosqlite_cpu = (time.process_time() - cpu) / (OPS // 2)
     for c in [conn, *conns]:
         c.close()
     os.remove(path)
-    return Limits(one, many, {"1 connection through aiosqlite": through_aiosqlite})
+    return Limits(one, many, {"1 connection through aiosqlite": through_aiosqlite},
+                  {"in-thread sqlite3": one_cpu, "through aiosqlite": aiosqlite_cpu})
 
 
 async def _postgres(dsn: str) -> Limits:
@@ -80,9 +85,9 @@ async def _postgres(dsn: str) -> Limits:
         for _ in range(n):
             await conn.execute("INSERT INTO bench_raw (body) VALUES ($1::jsonb)", body)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await inserts(setup, OPS)
-    one = OPS / (time.perf_counter() - started)
+    one, one_cpu = OPS / (time.perf_counter() - started), (time.process_time() - cpu) / OPS
     conns = [await asyncpg.connect(dsn) for _ in range(8)]
     started = time.perf_counter()
     await asyncio.gather(*[inserts(c, OPS // 8) for c in conns])
@@ -91,7 +96,7 @@ async def _postgres(dsn: str) -> Limits:
         await c.close()
     await setup.execute("DROP TABLE bench_raw")
     await setup.close()
-    return Limits(one, many)
+    return Limits(one, many, cpu={"1 asyncpg connection (client)": one_cpu})
 
 
 async def measure(kind: str) -> Limits:

@@ -132,7 +132,8 @@ async def _sequential_run(kind: str, limits: Limits, folder: Path, n: int, durab
     ratio = f"{rate / limits.one:.0%} of 1-connection commits/s"
     if "1 connection through aiosqlite" in limits.extra:
         ratio = f"{rate / limits.one:.0%} of in-thread sqlite3; {rate / limits.extra['1 connection through aiosqlite']:.0%} of aiosqlite"
-    return (f"sequential: 1 run of {n} steps", result, ratio)
+    raw_cpu = ", ".join(f"{k} {v * 1000:.3f} ms" for k, v in limits.cpu.items())
+    return (f"sequential: 1 run of {n} steps", result, f"{ratio}; CPU of a raw insert+commit: {raw_cpu}")
 
 
 async def _in_process(kind: str, limits: Limits, folder: Path, runs: int, slots: int) -> Row:

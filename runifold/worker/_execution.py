@@ -180,8 +180,10 @@ class Execution:
         worker_id: str,
         lease_seconds: float,
         renew_every: float,
+        ending: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
+        self._ending = ending  # called once, as the final commit starts
         self.definition = definition
         self.run_id = claim.run_id
         self.checkpoint_id = claim.checkpoint_id
@@ -638,6 +640,9 @@ class Execution:
         return await self._finish_halt(self._halt)
 
     async def _final_commit(self, events: list[AnyEvent], transition: Transition) -> bool:
+        if self._ending is not None:
+            ending, self._ending = self._ending, None
+            ending()
         try:
             await self._commit(events, transition)
         except _Abandoned:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import final
 
 import structlog
 
 from runifold.errors import ConfigurationError, SerializationError
-from runifold.stores import WorkflowStore
+from runifold.stores import Claim, WorkflowStore
 from runifold.worker._execution import Execution
 from runifold.worker._outcome import DefinitionUnavailable, Idle, Outcome
 from runifold.worker._registry import WorkflowRegistry
@@ -60,9 +61,16 @@ class WorkflowWorker:
 
     async def run_once(self) -> Outcome:
         """Claim at most one run and drive it until it completes, fails, suspends or loses its lease."""
-        claim = await self.store.claim(str(self.worker_id), self.registry.names(), self.lease.seconds, self._skipped)
+        claim = await self._claim()
         if claim is None:
             return Idle()
+        return await self._drive(claim)
+
+    async def _claim(self) -> Claim | None:
+        return await self.store.claim(str(self.worker_id), self.registry.names(), self.lease.seconds, self._skipped)
+
+    async def _drive(self, claim: Claim, ending: Callable[[], None] | None = None) -> Outcome:
+        """Drive a claimed run; ``ending`` is called as its final commit starts (not at all if it has none)."""
         definition = self.registry.get(claim.name, claim.version)
         if definition is None:
             # invariant: the run is handed back untouched for a worker that has this version
@@ -73,7 +81,7 @@ class WorkflowWorker:
             return DefinitionUnavailable(claim.run_id, claim.name, claim.version)
         try:
             execution = Execution(self.store, claim, definition, str(self.worker_id), self.lease.seconds,
-                                  self.renew_every.total_seconds())
+                                  self.renew_every.total_seconds(), ending)
         except SerializationError:
             await self.store.release(claim.lease)
             self._skip(claim.run_id)

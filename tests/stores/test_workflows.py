@@ -453,3 +453,52 @@ async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> No
     scans = [n for n in nodes(msgspec.json.decode(plan)[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due"]
     assert scans and "due_at <=" in scans[0]["Index Cond"], scans
     assert scans[0].get("Rows Removed by Filter", 0) == 0 and scans[0]["Actual Rows"] == 0, scans
+
+
+class _StopOnSecondClaim:
+    """Wraps a store (a real one): logs claims and commits, and asks the supervisor to stop at the second claim."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.log: list[str] = []
+        self.supervisor: Any = None
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        self.log.append("claim")
+        if self.log.count("claim") == 2:
+            self.supervisor.stop()
+        return await self._store.claim(*args, **kwargs)
+
+    async def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self.log.append("commit")
+        try:
+            return await self._store.commit(*args, **kwargs)
+        finally:
+            self.log.append("committed")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("open_store", ["sqlite", "postgres"], indirect=True)
+async def test_supervisor_claims_ahead_and_hands_the_claim_back_on_stop(open_store: Any) -> None:
+    """A slot claims its next run while the current run's final commit is in flight; stopped then, it releases that run untouched."""
+    from runifold import Supervisor
+
+    store = await open_store()
+    await store.enqueue(WorkflowTask("retrying", 1, {"order_id": "o1"}, checkpoint_id="first"))
+    await store.enqueue(WorkflowTask("retrying", 1, {"order_id": "o2"}, checkpoint_id="second"))
+    wrapped = _StopOnSecondClaim(store)
+    supervisor = Supervisor(worker(wrapped, WorkflowDefinition(retrying)), 1, idle_wait=timedelta(seconds=0.05))
+    wrapped.supervisor = supervisor
+    calls["flaky"] = 1  # the flaky step succeeds at once: one pass, then the final commit
+    await asyncio.wait_for(supervisor.run(handle_signals=False), 30)
+    # reserve, flaky, then the final commit: the next claim starts before that commit returns
+    assert wrapped.log == ["claim", "commit", "committed", "commit", "committed", "commit", "claim", "committed"]
+    assert supervisor.outcomes == {"Completed": 1}
+    first, second = await store.get_run("first"), await store.get_run("second")
+    assert first.status is RunStatus.COMPLETED
+    # the second run was claimed, then handed back as it was: ready, no owner, nothing appended
+    assert second.status is RunStatus.READY and second.lease_owner is None and second.lease_token == 1
+    assert await event_types(store, "second") == ["run_started"]
+    assert calls["reserve"] == 1
