@@ -27,6 +27,15 @@ class Limits:
     #: the process's CPU seconds per operation, for the one-connection limits
     cpu: dict[str, float] = field(default_factory=dict)
 
+    def averaged(self, other: Limits) -> Limits:
+        """The mean of two measurements (taken just before and just after a workload)."""
+
+        def mean(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+            return {k: (v + b[k]) / 2 for k, v in a.items() if k in b}
+
+        return Limits((self.one + other.one) / 2, (self.many + other.many) / 2,
+                      mean(self.extra, other.extra), mean(self.cpu, other.cpu))
+
     def describe(self) -> list[str]:
         lines = [f"1 connection {self.one:,.0f} commits/s", f"8 connections {self.many:,.0f} commits/s"]
         lines += [f"{k} {v:,.0f} commits/s" for k, v in self.extra.items()]

@@ -21,7 +21,7 @@ import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from benchmarks import bench_app
-from benchmarks._limits import Limits
+from benchmarks._limits import Limits, measure
 from runifold import (
     HmacKeyRing,
     LeaseDuration,
@@ -114,11 +114,13 @@ async def _sequential_run(kind: str, limits: Limits, folder: Path, n: int, durab
         await store.enqueue(WorkflowTask("seq", 1, {"n": n}))
         worker = make_worker(store)
         loop_thread = str(threading.get_native_id())
+        before = await measure(kind)  # the raw limits just before and just after: the machine drifts
         threads = _thread_cpu()
         wall, cpu = time.perf_counter(), time.process_time()
         await worker.run_once()
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         after = _thread_cpu()
+        limits = before.averaged(await measure(kind))
     finally:
         await store.close()
     rate = n / wall
@@ -128,10 +130,12 @@ async def _sequential_run(kind: str, limits: Limits, folder: Path, n: int, durab
         result += f" (event-loop thread {on_loop:.3f}, aiosqlite's threads {cpu / n * 1000 - on_loop:.3f})"
     if not durable:
         return (f"sequential, synchronous=NORMAL (not the durable default): 1 run of {n} steps", result,
-                f"{rate / limits.one:.0%} of in-thread sqlite3 with synchronous=FULL")
-    ratio = f"{rate / limits.one:.0%} of 1-connection commits/s"
+                f"{rate / limits.one:.0%} of in-thread sqlite3 with synchronous=FULL ({limits.one:,.0f}/s)")
+    ratio = f"{rate / limits.one:.0%} of 1-connection commits/s ({limits.one:,.0f}/s)"
     if "1 connection through aiosqlite" in limits.extra:
-        ratio = f"{rate / limits.one:.0%} of in-thread sqlite3; {rate / limits.extra['1 connection through aiosqlite']:.0%} of aiosqlite"
+        aio = limits.extra["1 connection through aiosqlite"]
+        ratio = (f"{rate / limits.one:.0%} of in-thread sqlite3 ({limits.one:,.0f}/s); "
+                 f"{rate / aio:.0%} of aiosqlite ({aio:,.0f}/s)")
     raw_cpu = ", ".join(f"{k} {v * 1000:.3f} ms" for k, v in limits.cpu.items())
     return (f"sequential: 1 run of {n} steps", result, f"{ratio}; CPU of a raw insert+commit: {raw_cpu}")
 
@@ -144,16 +148,18 @@ async def _in_process(kind: str, limits: Limits, folder: Path, runs: int, slots:
             await store.enqueue(WorkflowTask("five", 1, {"n": i}))
         supervisor = Supervisor(make_worker(store), slots, idle_wait=timedelta(seconds=0.05))
         transactions = getattr(store, "transactions", 0)
+        before = await measure(kind)
         started = time.perf_counter()
         task = asyncio.create_task(supervisor.run(handle_signals=False))
         await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Completed", 0) >= runs))
         elapsed = time.perf_counter() - started
         supervisor.stop()
         await task
+        limits = before.averaged(await measure(kind))
     finally:
         await store.close()
     steps = runs * 5 / elapsed
-    detail = f"{steps / limits.many:.0%} of 8-connection commits/s"
+    detail = f"{steps / limits.many:.0%} of 8-connection commits/s ({limits.many:,.0f}/s)"
     if kind == "sqlite":
         detail += f"; {(runs * 6) / max(1, store.transactions - transactions):.1f} commits per fsync (grouped)"
     return (f"concurrent: {runs} runs x 5 steps, 1 process, {slots} at once",
@@ -174,6 +180,7 @@ async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> l
                 proc.send_signal(signal.SIGSTOP)  # started and listening, frozen while the runs are enqueued
             for i in range(runs):
                 await store.enqueue(WorkflowTask("five", 1, {"n": i}))
+            before = await measure(kind)
             started = time.perf_counter()
             for proc in procs:
                 proc.send_signal(signal.SIGCONT)  # they wake on the queued NOTIFYs
@@ -187,9 +194,11 @@ async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> l
                 p.send_signal(signal.SIGTERM)
             for p in procs:
                 p.wait()
+            around = before.averaged(await measure(kind))
             steps = runs * 5 / elapsed
             rows.append((f"concurrent: {runs} runs x 5 steps, 4 processes x 8", f"{runs / elapsed:,.0f} runs/s, "
-                         f"{steps:,.0f} steps/s (runs enqueued before the workers resume)", f"{steps / limits.many:.0%} of 8-connection commits/s"))
+                         f"{steps:,.0f} steps/s (runs enqueued before the workers resume)",
+                         f"{steps / around.many:.0%} of 8-connection commits/s ({around.many:,.0f}/s)"))
         finally:
             await store.close()
     return rows
