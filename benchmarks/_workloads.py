@@ -148,6 +148,7 @@ async def _in_process(kind: str, limits: Limits, folder: Path, runs: int, slots:
             await store.enqueue(WorkflowTask("five", 1, {"n": i}))
         supervisor = Supervisor(make_worker(store), slots, idle_wait=timedelta(seconds=0.05))
         transactions = getattr(store, "transactions", 0)
+        batches, batched = getattr(store, "batches", 0), getattr(store, "batched_commits", 0)
         before = await measure(kind)
         started = time.perf_counter()
         task = asyncio.create_task(supervisor.run(handle_signals=False))
@@ -162,6 +163,8 @@ async def _in_process(kind: str, limits: Limits, folder: Path, runs: int, slots:
     detail = f"{steps / limits.many:.0%} of 8-connection commits/s ({limits.many:,.0f}/s)"
     if kind == "sqlite":
         detail += f"; {(runs * 6) / max(1, store.transactions - transactions):.1f} commits per fsync (grouped)"
+    else:
+        detail += f"; {(store.batched_commits - batched) / max(1, store.batches - batches):.1f} commits per round trip"
     return (f"concurrent: {runs} runs x 5 steps, 1 process, {slots} at once",
             f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail)
 

@@ -148,6 +148,9 @@ class PostgresWorkflowStore:
         self._lane = _Lane(dsn)
         self._lane_busy = False  # a batch is in flight on it
         self._batcher: asyncio.Future[None] | None = None
+        #: commit batches sent and the commits they carried (how well commits are grouped)
+        self.batches = 0
+        self.batched_commits = 0
         self._work = asyncio.Event()
 
     @classmethod
@@ -390,6 +393,8 @@ class PostgresWorkflowStore:
                 if not pending.done.done():
                     pending.done.set_exception(exc)
             return
+        self.batches += 1
+        self.batched_commits += len(batch)
         for row in rows:
             pending = batch[row["item"]]
             if not pending.done.done():

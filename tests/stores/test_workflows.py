@@ -502,3 +502,22 @@ async def test_supervisor_claims_ahead_and_hands_the_claim_back_on_stop(open_sto
     assert second.status is RunStatus.READY and second.lease_owner is None and second.lease_token == 1
     assert await event_types(store, "second") == ["run_started"]
     assert calls["reserve"] == 1
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_groups_concurrent_commits_into_one_round_trip(open_store: Any) -> None:
+    """Six commits sent at once take two round trips: the first alone, the five that queued behind it together."""
+    from runifold.stores import Continue
+    from runifold.testing._conformance import step_row
+
+    store = await open_store()
+    leases = []
+    for i in range(6):
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"g{i}"))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        leases.append(claim.lease)
+    results = await asyncio.gather(*(store.commit(lease, 1, [step_row("a#1", i)], Continue())
+                                     for i, lease in enumerate(leases)))
+    assert [r.revision for r in results] == [2] * 6
+    assert (store.batches, store.batched_commits) == (2, 6)
+    assert [[e.key for e in await store.history(f"g{i}")] for i in range(6)] == [["", "a#1"]] * 6
