@@ -356,9 +356,9 @@ async def idle_cost(kind: str, limits: Limits, folder: Path, scale: float) -> li
         busy_cpu, busy_rss = await _idle_worker(url, 5)
         rows.append((f"idle cost: {suspended:,} suspended runs (half on signals, half on timers)", f"idle worker RSS {busy_rss:.0f} MiB, CPU {busy_cpu:.2%}",
                      f"vs empty store: RSS {busy_rss / empty_rss:.2f}x, CPU {busy_cpu * 100:.2f} vs {empty_cpu * 100:.2f} %"))
-        claim_small = await _claim_cost(store, 200)
+        claim_small = await _claim_cost(store, 1000)
         await _add_finished(kind, url, finished)
-        claim_large = await _claim_cost(store, 200)
+        claim_large = await _claim_cost(store, 1000)
         plan = await _claim_plan(kind, url)
         rows.append((f"claim cost: {suspended:,} suspended + {finished:,} finished runs",
                      f"{claim_large * 1000:.2f} ms per claim (was {claim_small * 1000:.2f} ms without the finished runs)",
