@@ -143,7 +143,8 @@ class PostgresWorkflowStore:
         self._listener: asyncpg.Connection | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._due_query: asyncio.Future[float | None] | None = None
-        # commits wait here for the next batch; one task sends the batches on one connection
+        # commits that arrive while a batch is in flight wait here for the next one;
+        # batches go one at a time over the store's own connection
         self._commits: list[_PendingCommit] = []
         self._lane = _Lane(dsn)
         self._lane_busy = False  # a batch is in flight on it

@@ -24,11 +24,12 @@ class Supervisor:
 
     Each slot claims a run, drives it (with its own lease renewal), and claims
     the next, starting that claim as the current run's final commit starts so
-    the two round trips overlap; a run that fails does not stop the others. Idle slots wait on the
-    store (PostgreSQL wakes them at once by notification; other stores poll
-    every ``idle_wait``). On SIGTERM or SIGINT (or :meth:`stop`) it stops
-    claiming, gives in-flight runs ``grace`` to finish, then cancels them and
-    releases their leases so other workers continue them at once.
+    the two round trips overlap; a run that fails does not stop the others.
+    Idle slots wait on the store (PostgreSQL wakes them at once by
+    notification; other stores poll every ``idle_wait``). On SIGTERM or
+    SIGINT (or :meth:`stop`) it stops claiming, gives in-flight runs ``grace``
+    to finish, then cancels them and releases their leases so other workers
+    continue them at once.
     """
 
     def __init__(
