@@ -521,3 +521,26 @@ async def test_postgres_groups_concurrent_commits_into_one_round_trip(open_store
     assert [r.revision for r in results] == [2] * 6
     assert (store.batches, store.batched_commits) == (2, 6)
     assert [[e.key for e in await store.history(f"g{i}")] for i in range(6)] == [["", "a#1"]] * 6
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_commit_refused_by_the_database_fails_alone(open_store: Any) -> None:
+    """A commit PostgreSQL rejects (a NUL character in jsonb) raises StoreError; the commits batched with it still land."""
+    from runifold.errors import StoreError
+    from runifold.stores import Continue
+    from runifold.testing._conformance import step_row
+
+    store = await open_store()
+    leases = []
+    for i in range(4):
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"n{i}"))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        leases.append(claim.lease)
+    outputs = ["first", "ok", "nul \x00 here", "ok"]
+    results = await asyncio.gather(*(store.commit(lease, 1, [step_row("a#1", out)], Continue())
+                                     for lease, out in zip(leases, outputs, strict=True)), return_exceptions=True)
+    assert isinstance(results[2], StoreError) and "22P05" in str(results[2])
+    assert [getattr(r, "revision", None) for r in results] == [2, 2, None, 2]
+    assert [len(await store.history(f"n{i}")) for i in range(4)] == [2, 2, 1, 2]
+    # the first alone, then the other three together; that batch failed and was sent again one by one
+    assert (store.batches, store.batched_commits) == (3, 3)
