@@ -2,6 +2,7 @@
 
     make bench                      # starts a throwaway PostgreSQL, runs everything
     python benchmarks/run.py --only sqlite --quick
+    python benchmarks/run.py --smoke  # the smallest sizes, as the test suite runs it
 
 Every figure is reported next to the raw limit measured in the same run, on the
 same store and durability settings, as a ratio: absolute times on a shared
@@ -50,7 +51,7 @@ async def main(args: argparse.Namespace) -> None:
         else:
             stores.append("postgres")
     rows: list[list[str]] = []
-    scale = 0.2 if args.quick else 1.0
+    scale = 0.01 if args.smoke else 0.2 if args.quick else 1.0
     for kind in stores:
         limits = await _limits.measure(kind)
         for line in limits.describe():
@@ -61,7 +62,7 @@ async def main(args: argparse.Namespace) -> None:
     table += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" for r in rows]
     text = "\n".join([f"Machine: {machine()}.", "", *table])
     print("\n" + text)
-    if not args.quick and args.only is None:
+    if not (args.quick or args.smoke) and args.only is None:
         readme = ROOT / "benchmarks" / "README.md"
         body = readme.read_text()
         start, end = "<!-- RESULTS -->", "<!-- /RESULTS -->"
@@ -74,4 +75,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes; does not update the README")
+    parser.add_argument("--smoke", action="store_true", help="the smallest sizes (the test suite's smoke run)")
     asyncio.run(main(parser.parse_args()))
