@@ -109,13 +109,13 @@ def _median(rounds: list[tuple[float, Row]]) -> Row:
 async def sequential(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
     n = max(100, int(1000 * scale))
     rounds = 3 if scale >= 1 else 1
-    rows = [_median([await _sequential_run(kind, limits, folder, n) for _ in range(rounds)])]
+    rows = [_median([await _sequential_run(kind, folder, n) for _ in range(rounds)])]
     if kind == "sqlite":
-        rows.append((await _sequential_run(kind, limits, folder, n, durable=False))[1])
+        rows.append((await _sequential_run(kind, folder, n, durable=False))[1])
     return rows
 
 
-async def _sequential_run(kind: str, limits: Limits, folder: Path, n: int, durable: bool = True) -> tuple[float, Row]:
+async def _sequential_run(kind: str, folder: Path, n: int, durable: bool = True) -> tuple[float, Row]:
     if durable:
         store, _ = await fresh_store(kind, folder)
     else:
@@ -151,7 +151,7 @@ async def _sequential_run(kind: str, limits: Limits, folder: Path, n: int, durab
     return rate / limits.one, (f"sequential: 1 run of {n} steps", result, f"{ratio}; CPU of a raw insert+commit: {raw_cpu}")
 
 
-async def _in_process(kind: str, limits: Limits, folder: Path, runs: int, slots: int) -> tuple[float, Row]:
+async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[float, Row]:
     """``runs`` runs of 5 steps under one ``Supervisor`` with ``slots`` runs at once."""
     store, _ = await fresh_store(kind, folder)
     try:
@@ -184,9 +184,9 @@ async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> l
     runs = max(100, int(1000 * scale))
     rows: list[Row] = []
     rounds = 3 if scale >= 1 else 1
-    rows.append(_median([await _in_process(kind, limits, folder, runs, 8) for _ in range(rounds)]))
+    rows.append(_median([await _in_process(kind, folder, runs, 8) for _ in range(rounds)]))
     if kind == "postgres":
-        rows.append((await _in_process(kind, limits, folder, runs, 32))[1])
+        rows.append((await _in_process(kind, folder, runs, 32))[1])
     if kind == "postgres":
         store, url = await fresh_store(kind, folder)
         try:

@@ -105,16 +105,18 @@ def _run_info(row: asyncpg.Record) -> RunInfo:
                    row["created_at"], row["updated_at"], row["reason"])
 
 
-# What a driver call can raise. InternalClientError comes from a connection whose
-# server went away between calls (the protocol is still consuming the server's
-# last error): like a lost connection, it is dropped and the call retried.
-_DRIVER_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.exceptions.InterfaceError,
-                  asyncpg.exceptions.InternalClientError)
+# Errors of the connection rather than of the statement. InternalClientError comes
+# from a connection whose server went away between calls (the protocol is still
+# consuming the server's last error): like a lost connection, it is dropped and
+# the call retried.
+_CONNECTION_ERRORS = (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError,
+                      asyncpg.exceptions.InternalClientError)
+# What a driver call can raise.
+_DRIVER_ERRORS = (*_CONNECTION_ERRORS, asyncpg.PostgresError)
 
 
 def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError,
-                        asyncpg.exceptions.InternalClientError)):
+    if isinstance(exc, _CONNECTION_ERRORS):
         return True
     code = getattr(exc, "sqlstate", None) or ""
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
