@@ -137,7 +137,7 @@ async def _sequential_run(kind: str, folder: Path, n: int, durable: bool = True)
     result = f"{rate:,.0f} steps/s, {cpu / n * 1000:.3f} ms CPU/step"
     if kind == "sqlite":
         on_loop = (after[loop_thread] - threads.get(loop_thread, 0.0)) / n * 1000
-        result += f" (event-loop thread {on_loop:.3f}, aiosqlite's threads {cpu / n * 1000 - on_loop:.3f})"
+        result += f" (event-loop thread {on_loop:.3f}, the store's threads {cpu / n * 1000 - on_loop:.3f})"
     if not durable:
         return rate / limits.one, (f"sequential, synchronous=NORMAL (not the durable default): 1 run of {n} steps",
                                    result, f"{rate / limits.one:.0%} of in-thread sqlite3 with synchronous=FULL "

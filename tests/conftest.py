@@ -44,7 +44,10 @@ StoreFactory = Callable[..., Awaitable[Any]]
 
 @pytest.fixture(params=STORE_KINDS)
 async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreFactory]:
-    """A factory opening more handles on one fresh store of each kind (``clock=`` where supported)."""
+    """A factory opening more handles on one fresh store of each kind (``clock=`` where supported).
+
+    Keyword options beyond ``clock`` go to :meth:`SqliteWorkflowStore.open` and are ignored by the other kinds.
+    """
     kind = request.param
     opened: list[Any] = []
     memory: dict[str, MemoryWorkflowStore] = {}
@@ -52,13 +55,14 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         dsn = require_postgres()
         await reset_postgres(dsn)
 
-    async def factory(clock: FakeClock | None = None) -> Any:
+    async def factory(clock: FakeClock | None = None, **sqlite_options: Any) -> Any:
         if kind == "memory":
             if "store" not in memory:
                 memory["store"] = MemoryWorkflowStore(clock) if clock else MemoryWorkflowStore()
             return memory["store"]
         if kind == "sqlite":
-            kwargs = {"clock": clock} if clock else {}
+            kwargs: dict[str, Any] = {"clock": clock} if clock else {}
+            kwargs.update(sqlite_options)
             store: Any = await SqliteWorkflowStore.open(str(tmp_path / "runifold.db"), **kwargs)
         else:
             assert clock is None, "PostgreSQL judges time on the database clock; it takes no fake clock"

@@ -485,7 +485,8 @@ async def test_supervisor_claims_ahead_and_hands_the_claim_back_on_stop(open_sto
     """A slot claims its next run while the current run's final commit is in flight; stopped then, it releases that run untouched."""
     from runifold import Supervisor
 
-    store = await open_store()
+    # a direct write never yields to the event loop, so there is nothing to overlap: use the writer thread
+    store = await open_store(direct_writes=False)
     await store.enqueue(WorkflowTask("retrying", 1, {"order_id": "o1"}, checkpoint_id="first"))
     await store.enqueue(WorkflowTask("retrying", 1, {"order_id": "o2"}, checkpoint_id="second"))
     wrapped = _StopOnSecondClaim(store)

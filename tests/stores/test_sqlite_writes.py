@@ -1,0 +1,106 @@
+"""The SQLite store's two write paths: in the caller's thread when alone, grouped in the writer thread otherwise."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from runifold import RunStatus, WorkflowTask
+from runifold.stores import Continue, Finish
+from runifold.stores.sqlite import SqliteWorkflowStore
+from runifold.testing._conformance import step_row
+
+
+async def _open(tmp_path: Path, **options: Any) -> SqliteWorkflowStore:
+    return await SqliteWorkflowStore.open(str(tmp_path / "runifold.db"), **options)
+
+
+async def test_a_lone_run_writes_in_the_callers_thread(tmp_path: Path) -> None:
+    """One lease: the claim and every step commit run directly, each its own durable transaction."""
+    store = await _open(tmp_path)
+    try:
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="alone"))
+        before = store.direct
+        claim = await store.claim("w", {"wf"}, 30.0)
+        assert claim is not None
+        revision = 1
+        for i in range(3):
+            revision = (await store.commit(claim.lease, revision, [step_row(f"s#{i}", i)], Continue())).revision
+        await store.commit(claim.lease, revision, [step_row("end", None)], Finish(RunStatus.COMPLETED))
+        assert store.direct - before == 5  # the claim and four commits
+    finally:
+        await store.close()
+    reopened = await _open(tmp_path)  # on disk, read by a fresh connection
+    try:
+        info = await reopened.get_run("alone")
+        assert info.status is RunStatus.COMPLETED and info.revision == 5
+        assert [e.key for e in await reopened.history("alone")][1:] == ["s#0", "s#1", "s#2", "end"]
+    finally:
+        await reopened.close()
+
+
+async def test_direct_writes_can_be_turned_off(tmp_path: Path) -> None:
+    """direct_writes=False: every write goes through the writer thread."""
+    store = await _open(tmp_path, direct_writes=False)
+    try:
+        await store.enqueue(WorkflowTask("wf", 1, {}))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        assert claim is not None
+        await store.commit(claim.lease, 1, [step_row("s", 1)], Continue())
+        assert store.direct == 0 and store.operations >= 3
+    finally:
+        await store.close()
+
+
+async def test_concurrent_runs_share_transactions(tmp_path: Path) -> None:
+    """Six leases: their commits go to the writer thread and share fsyncs; each lands."""
+    store = await _open(tmp_path)
+    try:
+        leases = []
+        for i in range(6):
+            await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"c{i}"))
+            claim = await store.claim("w", {"wf"}, 30.0)
+            assert claim is not None
+            leases.append(claim.lease)
+        direct, transactions = store.direct, store.transactions
+        results = await asyncio.gather(*(store.commit(lease, 1, [step_row("s", i)], Continue())
+                                         for i, lease in enumerate(leases)))
+        assert [r.revision for r in results] == [2] * 6
+        assert store.direct == direct  # never in the caller: another run could share the fsync
+        assert store.transactions - transactions < 6, "the writer thread committed each one alone"
+        for i in range(6):
+            assert (await store.get_run(f"c{i}")).revision == 2
+    finally:
+        await store.close()
+
+
+async def test_a_lock_held_elsewhere_never_blocks_the_event_loop(tmp_path: Path) -> None:
+    """Alone, but another connection holds the write lock: the commit waits in the writer thread, the loop runs on."""
+    store = await _open(tmp_path)
+    other = sqlite3.connect(str(tmp_path / "runifold.db"), isolation_level=None)
+    try:
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="locked"))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        assert claim is not None
+        direct = store.direct
+        other.execute("BEGIN IMMEDIATE")
+        commit = asyncio.create_task(store.commit(claim.lease, 1, [step_row("s", 1)], Continue()))
+        loop = asyncio.get_running_loop()
+        gaps, last = [], loop.time()
+        for _ in range(20):  # 0.2 s with the lock held
+            await asyncio.sleep(0.01)
+            gaps.append(loop.time() - last)
+            last = loop.time()
+        assert not commit.done()
+        other.execute("COMMIT")
+        result = await asyncio.wait_for(commit, 10)
+        assert result.revision == 2
+        # a write waiting on the lock in the loop's thread would stall it for the 5 s busy timeout
+        assert max(gaps) < 1.0, gaps
+        assert store.direct == direct  # it went to the writer thread
+        assert (await store.get_run("locked")).revision == 2
+    finally:
+        other.close()
+        await store.close()
