@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -87,16 +87,6 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _thread_cpu() -> dict[str, float]:
-    """CPU seconds of each thread of this process, from /proc."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    usage = {}
-    for tid in os.listdir("/proc/self/task"):
-        fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        usage[tid] = (int(fields[11]) + int(fields[12])) / ticks
-    return usage
-
-
 def _median(rounds: list[tuple[float, Row]]) -> Row:
     """The round with the median ratio to its raw limit, noting the spread of all rounds."""
     ordered = sorted(rounds, key=lambda r: r[0])
@@ -123,21 +113,17 @@ async def _sequential_run(kind: str, folder: Path, n: int, durable: bool = True)
     try:
         await store.enqueue(WorkflowTask("seq", 1, {"n": n}))
         worker = make_worker(store)
-        loop_thread = str(threading.get_native_id())
         before = await measure(kind)  # the raw limits just before and just after: the machine drifts
-        threads = _thread_cpu()
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu, on_loop = time.perf_counter(), time.process_time(), time.thread_time()
         await worker.run_once()
-        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        after = _thread_cpu()
+        wall, cpu, on_loop = time.perf_counter() - wall, time.process_time() - cpu, time.thread_time() - on_loop
         limits = before.averaged(await measure(kind))
     finally:
         await store.close()
     rate = n / wall
     result = f"{rate:,.0f} steps/s, {cpu / n * 1000:.3f} ms CPU/step"
     if kind == "sqlite":
-        on_loop = (after[loop_thread] - threads.get(loop_thread, 0.0)) / n * 1000
-        result += f" (event-loop thread {on_loop:.3f}, the store's threads {cpu / n * 1000 - on_loop:.3f})"
+        result += f" (event-loop thread {on_loop / n * 1000:.3f}, the store's threads {(cpu - on_loop) / n * 1000:.3f})"
     if not durable:
         return rate / limits.one, (f"sequential, synchronous=NORMAL (not the durable default): 1 run of {n} steps",
                                    result, f"{rate / limits.one:.0%} of in-thread sqlite3 with synchronous=FULL "
@@ -296,7 +282,11 @@ async def wake_latency(kind: str, limits: Limits, folder: Path, scale: float) ->
 
         await until(all_waiting)
         await asyncio.sleep(idle * 2)
+        pauses = random.Random(8)
         for i in range(count):
+            # a pause of up to one poll period: the signal arrives at a random point of the receiver's poll,
+            # not just after the wake-up that the previous run's final commit gave it
+            await asyncio.sleep(pauses.uniform(0, 0.05))
             sent = time.time()
             await gateway.send(sign(SignalEnvelope(target=f"w{i}", name="go", payload={}, signal_id=f"s{i}",
                                                    sender="bench", reason="bench", key_id="bench-1", timestamp=sent),
@@ -323,8 +313,8 @@ async def wake_latency(kind: str, limits: Limits, folder: Path, scale: float) ->
         await task
         await sender.close()
         await store.close()
-    how = "sender on another connection; idle poll 50 ms (SQLite has no cross-process notification)" if kind == "sqlite" \
-        else "LISTEN/NOTIFY; idle poll 30 s, so no busy polling"
+    how = ("sender on another connection; idle poll 50 ms (SQLite has no cross-process notification)" if kind == "sqlite"
+           else "LISTEN/NOTIFY; idle poll 30 s, so no busy polling") + "; each signal sent after a random pause of 0-50 ms"
     return [(f"wake latency: {count} signals", f"p50 {pct(latencies, 0.5) * 1000:.1f} ms, p99 {pct(latencies, 0.99) * 1000:.1f} ms", how),
             (f"timer lateness: {count} timers of 0.5 s", f"p50 {pct(lateness, 0.5) * 1000:.1f} ms, p99 {pct(lateness, 0.99) * 1000:.1f} ms",
              "store clock; never early (lateness >= 0)" if min(lateness) >= 0 else "EARLY TIMER SEEN")]
