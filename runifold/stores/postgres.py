@@ -7,7 +7,8 @@
 * A durable step is one round trip: ``runifold_commit_batch`` (a function
   created by the migrations) fences, appends, consumes signals and applies the
   transition. The concurrent commits of a process share that round trip, one
-  transaction and one WAL flush, each fenced on its own.
+  transaction and one WAL flush, each fenced on its own. A lone commit that
+  only appends (the sequential case) is one plain statement with the same fence.
 * ``LISTEN runifold_work``: idle workers wake at once when a run becomes due;
   a due timer wakes them through the next-due-time they sleep until; polling
   remains only as a fallback, and a dropped listening connection is reopened.
