@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
-from runifold import RunStatus, WorkflowTask
+from runifold import RunStatus, StoreError, WorkflowTask
 from runifold.stores import Continue, Finish
 from runifold.stores.sqlite import SqliteWorkflowStore
 from runifold.testing._conformance import step_row
@@ -103,4 +104,32 @@ async def test_a_lock_held_elsewhere_never_blocks_the_event_loop(tmp_path: Path)
         assert (await store.get_run("locked")).revision == 2
     finally:
         other.close()
+        await store.close()
+
+
+async def test_a_failing_write_fails_alone_and_its_group_lands(tmp_path: Path) -> None:
+    """Writes queued together share a transaction; one that SQLite refuses is retried alone and fails alone."""
+    store = await _open(tmp_path, direct_writes=False)
+    try:
+        leases = []
+        for i in range(3):
+            await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"g{i}"))
+            claim = await store.claim("w", {"wf"}, 30.0)
+            assert claim is not None
+            leases.append(claim.lease)
+
+        def broken(conn: sqlite3.Connection) -> None:
+            conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+        busy = asyncio.ensure_future(store._write(lambda conn: time.sleep(0.2)))  # the writer thread is busy...
+        await asyncio.sleep(0.05)
+        results = await asyncio.gather(  # ...so these four queue up and are taken as one group
+            *(store.commit(lease, 1, [step_row("s", i)], Continue()) for i, lease in enumerate(leases)),
+            store._write(broken), return_exceptions=True)
+        await busy
+        assert [getattr(r, "revision", None) for r in results[:3]] == [2, 2, 2]
+        assert isinstance(results[3], StoreError) and "no_such_table" in str(results[3])
+        for i in range(3):
+            assert [e.key for e in await store.history(f"g{i}")] == ["", "s"]
+    finally:
         await store.close()
