@@ -9,13 +9,24 @@ from pathlib import Path
 from typing import Any
 
 from runifold import RunStatus, StoreError, WorkflowTask
-from runifold.stores import Continue, Finish
+from runifold.stores import Continue, Finish, Lease
 from runifold.stores.sqlite import SqliteWorkflowStore
 from runifold.testing._conformance import step_row
 
 
 async def _open(tmp_path: Path, **options: Any) -> SqliteWorkflowStore:
     return await SqliteWorkflowStore.open(str(tmp_path / "runifold.db"), **options)
+
+
+async def _leases(store: SqliteWorkflowStore, prefix: str, count: int) -> list[Lease]:
+    """Enqueue and claim ``count`` runs named ``prefix0``.. and return their leases."""
+    leases = []
+    for i in range(count):
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"{prefix}{i}"))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        assert claim is not None
+        leases.append(claim.lease)
+    return leases
 
 
 async def test_a_lone_run_writes_in_the_callers_thread(tmp_path: Path) -> None:
@@ -59,12 +70,7 @@ async def test_concurrent_runs_share_transactions(tmp_path: Path) -> None:
     """Six leases: their commits go to the writer thread and share fsyncs; each lands."""
     store = await _open(tmp_path)
     try:
-        leases = []
-        for i in range(6):
-            await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"c{i}"))
-            claim = await store.claim("w", {"wf"}, 30.0)
-            assert claim is not None
-            leases.append(claim.lease)
+        leases = await _leases(store, "c", 6)
         direct, transactions = store.direct, store.transactions
         results = await asyncio.gather(*(store.commit(lease, 1, [step_row("s", i)], Continue())
                                          for i, lease in enumerate(leases)))
@@ -111,12 +117,7 @@ async def test_a_failing_write_fails_alone_and_its_group_lands(tmp_path: Path) -
     """Writes queued together share a transaction; one that SQLite refuses is retried alone and fails alone."""
     store = await _open(tmp_path, direct_writes=False)
     try:
-        leases = []
-        for i in range(3):
-            await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"g{i}"))
-            claim = await store.claim("w", {"wf"}, 30.0)
-            assert claim is not None
-            leases.append(claim.lease)
+        leases = await _leases(store, "g", 3)
 
         def broken(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO no_such_table VALUES (1)")
