@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 C = TypeVar("C")
-T = TypeVar("T")
 #: a job's outcome: its value, or the exception it raised
 Outcome = tuple[Any, BaseException | None]
 Batch = Callable[[C, Sequence[Any]], list[Outcome]]
