@@ -146,6 +146,7 @@ async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[f
         supervisor = Supervisor(make_worker(store), slots, idle_wait=timedelta(seconds=0.05))
         transactions = getattr(store, "transactions", 0)
         batches, batched = getattr(store, "batches", 0), getattr(store, "batched_commits", 0)
+        claim_batches = getattr(store, "claim_batches", 0)
         before = await measure(kind)
         started = time.perf_counter()
         task = asyncio.create_task(supervisor.run(handle_signals=False))
@@ -161,7 +162,8 @@ async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[f
     if kind == "sqlite":
         detail += f"; {(runs * 6) / max(1, store.transactions - transactions):.1f} commits per fsync (grouped)"
     else:
-        detail += f"; {(store.batched_commits - batched) / max(1, store.batches - batches):.1f} commits per round trip"
+        detail += (f"; {(store.batched_commits - batched) / max(1, store.batches - batches):.1f} commits and "
+                   f"{runs / max(1, store.claim_batches - claim_batches):.1f} claims per round trip")
     return steps / limits.many, (f"concurrent: {runs} runs x 5 steps, 1 process, {slots} at once",
                                  f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail)
 
@@ -408,7 +410,7 @@ async def _claim_plan(kind: str, url: str) -> str:
     from runifold.stores.postgres import _CLAIM  # the store's own claim statement
 
     conn = await asyncpg.connect(url)
-    plan = msgspec.json.decode(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {_CLAIM}", "probe", ["seq"], [], 30.0))
+    plan = msgspec.json.decode(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {_CLAIM}", "probe", ["seq"], [], 30.0, 1))
     await conn.close()
 
     def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,7 +1,8 @@
 """The PostgreSQL store (asyncpg): many workers on many hosts share one database.
 
-* Claims pick a due run with ``FOR UPDATE SKIP LOCKED`` and take the lease in
+* Claims pick due runs with ``FOR UPDATE SKIP LOCKED`` and take the leases in
   the same statement: concurrent workers never wait on each other's claims.
+  The claims a process makes on one pass of its event loop share that statement.
 * Every time (lease expiry, timers, signal freshness) is judged on the database
   clock, ``clock_timestamp()``, never on a worker's.
 * A durable step is one round trip: ``runifold_commit_batch`` (a function
@@ -65,6 +66,8 @@ log = structlog.get_logger("runifold.stores.postgres")
 CHANNEL = "runifold_work"
 #: the application_name of the connection that sends commit batches (see pg_stat_activity)
 COMMIT_APPLICATION = "runifold-commits"
+#: the application_name of the connection that claims runs
+CLAIM_APPLICATION = "runifold-claims"
 _MIGRATION_LOCK = 0x72756E69  # "runi": one advisory lock id for schema migrations
 _RUN_COLUMNS = (
     "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
@@ -75,8 +78,8 @@ _json = msgspec.json.encode
 _TRANSIENT_CLASSES = ("08", "57", "53")
 _TRANSIENT_CODES = {"40001", "40P01"}
 
-# One round trip: pick and lease a run, and return its history and inbox (the
-# subqueries see the events and signals as they were; the UPDATE touches neither).
+# One round trip: pick and lease up to $5 runs, and return each one's history and inbox
+# (the subqueries see the events and signals as they were; the UPDATE touches neither).
 # invariant: "now" is a subquery, evaluated once, so it bounds the due_at index scan;
 # runifold_now() is volatile, and as a plain filter the scan would walk every future timer.
 _CLAIM = (
@@ -84,7 +87,7 @@ _CLAIM = (
     "  SELECT run_id FROM runifold_runs"
     "  WHERE due_at IS NOT NULL AND due_at <= (SELECT runifold_now()) AND name = ANY($2::text[])"
     "  AND NOT (run_id = ANY($3::text[]))"
-    "  ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+    "  ORDER BY due_at LIMIT $5 FOR UPDATE SKIP LOCKED"
     "), claimed AS ("
     "  UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
     "  lease_until = runifold_now() + $4, due_at = runifold_now() + $4, updated_at = runifold_now()"
@@ -139,6 +142,16 @@ def _transient(exc: BaseException) -> bool:
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
 
 
+def _claim_of(row: asyncpg.Record, owner: str, lease_seconds: float) -> Claim:
+    run_id = row["run_id"]
+    until = row["lease_until"]
+    history = [StoredEvent(seq, at, type_, key, body.encode())
+               for seq, at, type_, key, body in msgspec.json.decode(row["history"])]
+    inbox = [InboxSignal(*signal) for signal in msgspec.json.decode(row["inbox"])]
+    return Claim(run_id, row["checkpoint_id"], row["name"], row["version"],
+                 Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history, inbox)
+
+
 async def _find(conn: asyncpg.Connection, ref: str, *, lock: bool = False) -> asyncpg.Record:
     row = await conn.fetchrow(
         f"SELECT {_RUN_COLUMNS}, wait_signals FROM runifold_runs WHERE run_id = $1 OR checkpoint_id = $1"
@@ -165,12 +178,21 @@ class PostgresWorkflowStore:
         # commits that arrive while a batch is in flight wait here for the next one;
         # batches go one at a time over the store's own connection
         self._commits: list[_PendingCommit] = []
-        self._lane = _Lane(dsn)
+        self._lane = _Lane(dsn, COMMIT_APPLICATION)
         self._lane_busy = False  # a batch is in flight on it
         self._batcher: asyncio.Future[None] | None = None
         #: commit batches sent and the commits they carried (how well commits are grouped)
         self.batches = 0
         self.batched_commits = 0
+        # claims that arrive while one is in flight wait here; the next round trip claims
+        # for all of them at once, over the store's own claiming connection
+        self._claims: list[_PendingClaim] = []
+        self._claim_lane = _Lane(dsn, CLAIM_APPLICATION)
+        self._claiming = False
+        self._claimer: asyncio.Future[None] | None = None
+        self._releasing: set[asyncio.Future[None]] = set()
+        #: claim round trips made (each claims for every caller waiting at that moment)
+        self.claim_batches = 0
         self._work = asyncio.Event()
 
     @classmethod
@@ -304,19 +326,63 @@ class PostgresWorkflowStore:
     async def claim(
         self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
     ) -> Claim | None:
-        async def op(conn: asyncpg.Connection) -> Claim | None:
-            row = await conn.fetchrow(_CLAIM, owner, sorted(names), sorted(exclude), lease_seconds)
-            if row is None:
-                return None
-            run_id = row["run_id"]
-            until = row["lease_until"]
-            history = [StoredEvent(seq, at, type_, key, body.encode())
-                       for seq, at, type_, key, body in msgspec.json.decode(row["history"])]
-            inbox = [InboxSignal(*signal) for signal in msgspec.json.decode(row["inbox"])]
-            return Claim(run_id, row["checkpoint_id"], row["name"], row["version"],
-                         Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history, inbox)
+        pending = _PendingClaim((owner, sorted(names), sorted(exclude), lease_seconds),
+                                asyncio.get_running_loop().create_future())
+        self._claims.append(pending)
+        # the claimer runs on the loop's next pass: claims made on this pass (runs that
+        # ended together) share its round trip
+        self._start_claimer()
+        return await pending.done
 
-        return await self._call(op)
+    def _start_claimer(self) -> None:
+        if self._claims and not self._claiming:
+            self._claiming = True
+            # owned by the store: a cancelled caller never cancels a claim made for others
+            self._claimer = asyncio.ensure_future(self._claim_batches())
+
+    async def _claim_batches(self) -> None:
+        """Send the queued claims, those that ask alike in one round trip each time."""
+        try:
+            while self._claims:
+                await self._claim_batch()
+        finally:
+            self._claiming = False
+
+    async def _claim_batch(self) -> None:
+        """Claim for the first queued caller and every other one that asks alike (same owner and filters)."""
+        key = self._claims[0].key
+        # a caller cancelled before its claim was sent is left out
+        batch = [p for p in self._claims if p.key == key and not p.done.done()]
+        self._claims = [p for p in self._claims if p.key != key]
+        if not batch:
+            return
+        owner, names, exclude, lease_seconds = key
+        try:
+            rows = await self._retrying(
+                lambda: self._claim_lane.fetch(_CLAIM, owner, names, exclude, lease_seconds, len(batch)),
+                self._claim_lane.lose)
+        except asyncio.CancelledError:
+            self._claim_lane.lose()  # the query may still be running on its connection
+            for pending in batch:
+                pending.done.cancel()
+            raise
+        except Exception as exc:
+            # invariant: no caller waits forever, whatever went wrong; each gets the error
+            error = exc if isinstance(exc, StoreError) else StoreError(f"claim failed: {exc!r}")
+            for pending in batch:
+                if not pending.done.done():
+                    pending.done.set_exception(error)
+            return
+        self.claim_batches += 1
+        claims = iter([_claim_of(row, owner, lease_seconds) for row in rows])
+        for pending in batch:
+            claim = next(claims, None)
+            if not pending.done.done():
+                pending.done.set_result(claim)
+            elif claim is not None:
+                # its caller went away while the claim was in flight: hand the run back
+                self._releasing.add(asyncio.ensure_future(self.release(claim.lease)))
+        self._releasing = {task for task in self._releasing if not task.done()}
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         async def op(conn: asyncpg.Connection) -> Lease:
@@ -603,10 +669,11 @@ class PostgresWorkflowStore:
         return self._listener
 
     async def close(self) -> None:
-        for pending in (self._batcher, self._connecting, self._due_query):
+        for pending in (self._batcher, self._claimer, self._connecting, self._due_query, *self._releasing):
             if pending is not None:
                 await asyncio.gather(pending, return_exceptions=True)
         await self._lane.close()
+        await self._claim_lane.close()
         if self._listener is not None and not self._listener.is_closed():
             await self._listener.close()
         await self._pool.close()
@@ -624,27 +691,42 @@ class _PendingCommit:
     done: asyncio.Future[tuple[bool, int, float]]
 
 
-class _Lane:
-    """The connection the store sends commit batches on, one at a time; opened on first use."""
+@dataclass(slots=True)
+class _PendingClaim:
+    """A claim waiting for the next claiming round trip; ``key`` is (owner, names, exclude, lease seconds)."""
 
-    def __init__(self, dsn: str) -> None:
+    key: tuple[str, list[str], list[str], float]
+    done: asyncio.Future[Claim | None]
+
+
+class _Lane:
+    """A connection of the store's own that sends one statement at a time; opened on first use."""
+
+    def __init__(self, dsn: str, application: str) -> None:
         self._dsn = dsn
+        self._application = application
         self._conn: asyncpg.Connection | None = None
 
-    async def run(self, batch: Sequence[_PendingCommit]) -> list[asyncpg.Record]:
-        """Send ``batch``; one row (item, ok, new_revision, at) per commit."""
+    async def _connection(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": COMMIT_APPLICATION})
+            self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application})
+        return self._conn
+
+    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
+        rows: list[asyncpg.Record] = await (await self._connection()).fetch(sql, *args)
+        return rows
+
+    async def run(self, batch: Sequence[_PendingCommit]) -> list[asyncpg.Record]:
+        """Send the commits of ``batch``; one row (item, ok, new_revision, at) per commit."""
         if len(batch) == 1 and batch[0].columns is None and not batch[0].consumed:
             # a lone step: one plain statement costs the server less than the batch function
             p = batch[0]
-            row = await self._conn.fetchrow(
+            row = await (await self._connection()).fetchrow(
                 _STEP, p.lease.run_id, p.lease.token, p.expected,
                 [e.type for e in p.events], [e.key for e in p.events], [e.body.decode() for e in p.events])
             return [row]
-        rows: list[asyncpg.Record] = await self._conn.fetch(
-            "SELECT item, ok, new_revision, at FROM runifold_commit_batch($1::jsonb)", _batch_json(batch))
-        return rows
+        return await self.fetch("SELECT item, ok, new_revision, at FROM runifold_commit_batch($1::jsonb)",
+                                _batch_json(batch))
 
     def lose(self) -> None:
         """Drop the connection (lost, or a query may still run on it); the next batch opens another."""

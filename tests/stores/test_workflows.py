@@ -443,7 +443,7 @@ async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> No
             "updated_at) SELECT 'sleep' || i, 'wf', 1, '{}', 'waiting', 2, runifold_now() + 3600, 0, 0 "
             "FROM generate_series(1, 5000) AS i")
         await conn.execute("ANALYZE runifold_runs")
-        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_CLAIM}", "w", ["wf"], [], 30.0)
+        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_CLAIM}", "w", ["wf"], [], 30.0, 1)
     finally:
         await conn.close()
 
@@ -545,3 +545,55 @@ async def test_postgres_commit_refused_by_the_database_fails_alone(open_store: A
     assert [len(await store.history(f"n{i}")) for i in range(4)] == [2, 2, 1, 2]
     # the first alone, then the other three together; that batch failed and was sent again one by one
     assert (store.batches, store.batched_commits) == (3, 3)
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_claims_made_together_share_one_round_trip(open_store: Any) -> None:
+    """Five claims made at once with three runs due take one round trip: three distinct runs, two None."""
+    store = await open_store()
+    for i in range(3):
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"c{i}"))
+    claims = await asyncio.gather(*(store.claim("w", {"wf"}, 30.0) for _ in range(5)))
+    assert store.claim_batches == 1
+    got = [c for c in claims if c is not None]
+    assert len(got) == 3 and claims.count(None) == 2
+    assert sorted(c.checkpoint_id for c in got) == ["c0", "c1", "c2"]
+    for c in got:  # each claim carries its own run's history and lease
+        assert [e.type for e in c.history] == ["run_started"] and c.lease.run_id == c.run_id
+        info = await store.get_run(c.run_id)
+        assert info.status is RunStatus.RUNNING and info.lease_owner == "w" and info.lease_token == c.lease.token
+    # a claim that asks differently (another owner) is not merged into the same round trip
+    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c3"))
+    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c4"))
+    mine, theirs = await asyncio.gather(store.claim("w", {"wf"}, 30.0), store.claim("other", {"wf"}, 30.0))
+    assert store.claim_batches == 3
+    assert {mine.lease.owner, theirs.lease.owner} == {"w", "other"} and mine.run_id != theirs.run_id
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_claim_whose_caller_went_away_is_handed_back(open_store: Any) -> None:
+    """A caller cancelled while its claim is in flight: the run it got is released, ready for the next claim."""
+    store = await open_store()
+    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="gone"))
+    caller = asyncio.create_task(store.claim("w", {"wf"}, 30.0))
+    while not store._claiming or store._claims:
+        await asyncio.sleep(0)  # until the claimer has taken the claim and sent it
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    await asyncio.wait_for(store._claimer, 10)
+    await asyncio.wait_for(asyncio.gather(*store._releasing), 10)
+    info = await store.get_run("gone")
+    assert info.status is RunStatus.READY and info.lease_owner is None and info.lease_token == 1
+    again = await store.claim("w2", {"wf"}, 30.0)
+    assert again is not None and again.checkpoint_id == "gone" and again.lease.token == 2
+    assert [e.type for e in again.history] == ["run_started"]
+    # a caller cancelled before its claim was sent takes no run at all
+    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="early"))
+    early = asyncio.create_task(store.claim("w", {"wf"}, 30.0))
+    await asyncio.sleep(0)  # queued, not yet sent
+    early.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await early
+    await asyncio.wait_for(store._claimer, 10)
+    assert (await store.get_run("early")).lease_token == 0
