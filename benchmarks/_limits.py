@@ -26,6 +26,10 @@ class Limits:
     extra: dict[str, float] = field(default_factory=dict)
     #: the process's CPU seconds per operation, for the one-connection limits
     cpu: dict[str, float] = field(default_factory=dict)
+    #: the 8-connection limit's machine-wide CPU (client and server): seconds per operation,
+    #: and the share of all cores busy while it ran (PostgreSQL; 0 where not measured)
+    many_machine: float = 0.0
+    many_busy: float = 0.0
 
     def averaged(self, other: Limits) -> Limits:
         """The mean of two measurements (taken just before and just after a workload)."""
@@ -34,13 +38,22 @@ class Limits:
             return {k: (v + b[k]) / 2 for k, v in a.items() if k in b}
 
         return Limits((self.one + other.one) / 2, (self.many + other.many) / 2,
-                      mean(self.extra, other.extra), mean(self.cpu, other.cpu))
+                      mean(self.extra, other.extra), mean(self.cpu, other.cpu),
+                      (self.many_machine + other.many_machine) / 2, (self.many_busy + other.many_busy) / 2)
 
     def describe(self) -> list[str]:
         lines = [f"1 connection {self.one:,.0f} commits/s", f"8 connections {self.many:,.0f} commits/s"]
         lines += [f"{k} {v:,.0f} commits/s" for k, v in self.extra.items()]
         lines += [f"{k}: {v * 1000:.3f} ms CPU per commit" for k, v in self.cpu.items()]
         return lines
+
+
+def machine_busy() -> float:
+    """CPU seconds all cores of this machine have spent busy since boot (Linux ``/proc/stat``)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _sqlite_conn(path: str) -> sqlite3.Connection:
@@ -98,14 +111,16 @@ async def _postgres(dsn: str) -> Limits:
     await inserts(setup, OPS)
     one, one_cpu = OPS / (time.perf_counter() - started), (time.process_time() - cpu) / OPS
     conns = [await asyncpg.connect(dsn) for _ in range(8)]
-    started = time.perf_counter()
+    started, busy = time.perf_counter(), machine_busy()
     await asyncio.gather(*[inserts(c, OPS // 8) for c in conns])
-    many = (OPS // 8 * 8) / (time.perf_counter() - started)
+    wall, busy = time.perf_counter() - started, machine_busy() - busy
+    many = (OPS // 8 * 8) / wall
     for c in conns:
         await c.close()
     await setup.execute("DROP TABLE bench_raw")
     await setup.close()
-    return Limits(one, many, cpu={"1 asyncpg connection (client)": one_cpu})
+    return Limits(one, many, cpu={"1 asyncpg connection (client)": one_cpu},
+                  many_machine=busy / (OPS // 8 * 8), many_busy=busy / wall / (os.cpu_count() or 1))
 
 
 async def measure(kind: str) -> Limits:

@@ -21,7 +21,7 @@ import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
 from benchmarks import bench_app
-from benchmarks._limits import Limits, measure
+from benchmarks._limits import Limits, machine_busy, measure
 from runifold import (
     HmacKeyRing,
     LeaseDuration,
@@ -148,10 +148,10 @@ async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[f
         batches, batched = getattr(store, "batches", 0), getattr(store, "batched_commits", 0)
         claim_batches = getattr(store, "claim_batches", 0)
         before = await measure(kind)
-        started = time.perf_counter()
+        started, busy, cpu = time.perf_counter(), machine_busy(), time.process_time()
         task = asyncio.create_task(supervisor.run(handle_signals=False))
         await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Completed", 0) >= runs))
-        elapsed = time.perf_counter() - started
+        elapsed, busy, cpu = time.perf_counter() - started, machine_busy() - busy, time.process_time() - cpu
         supervisor.stop()
         await task
         limits = before.averaged(await measure(kind))
@@ -164,8 +164,20 @@ async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[f
     else:
         detail += (f"; {(store.batched_commits - batched) / max(1, store.batches - batches):.1f} commits and "
                    f"{runs / max(1, store.claim_batches - claim_batches):.1f} claims per round trip")
+        detail += "; " + _machine_bound(runs * 5, elapsed, busy, cpu, limits)
     return steps / limits.many, (f"concurrent: {runs} runs x 5 steps, 1 process, {slots} at once",
                                  f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail)
+
+
+def _machine_bound(steps: int, elapsed: float, busy: float, cpu: float, limits: Limits) -> str:
+    """Machine-wide CPU per step against a raw commit's, and the steps/s that all cores busy would allow."""
+    cores = os.cpu_count() or 1
+    per_step = busy / steps
+    ceiling = cores / per_step
+    return (f"machine CPU {per_step * 1000:.3f} ms per step (this process {cpu / steps * 1000:.3f}), "
+            f"{busy / elapsed / cores:.0%} of {cores} cores busy; a raw 8-connection commit "
+            f"{limits.many_machine * 1000:.3f} ms at {limits.many_busy:.0%} busy; at this cost every core busy "
+            f"would allow {ceiling:,.0f} steps/s ({ceiling / limits.many:.0%} of the limit)")
 
 
 async def concurrent(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
