@@ -5,7 +5,7 @@
   The claims a process makes on one pass of its event loop share that statement.
 * Every time (lease expiry, timers, signal freshness) is judged on the database
   clock, ``clock_timestamp()``, never on a worker's.
-* A durable step is one round trip: ``runifold_commit_batch`` (a function
+* A durable step is one round trip: ``runifold_commit_arrays`` (a function
   created by the migrations) fences, appends, consumes signals and applies the
   transition. The concurrent commits of a process share that round trip, one
   transaction and one WAL flush, each fenced on its own. A lone commit that
@@ -104,7 +104,7 @@ _CLAIM = (
 
 
 # A commit that only appends (no transition, no signal consumed), sent alone: the same
-# fence as runifold_commit_batch, in one statement. ok is false when the fence refused it.
+# fence as runifold_commit_arrays, in one statement. ok is false when the fence refused it.
 _STEP = (
     "WITH n AS (SELECT runifold_now() AS now), u AS ("
     "  UPDATE runifold_runs SET revision = $3 + cardinality($4::text[]), updated_at = n.now FROM n"
@@ -116,6 +116,14 @@ _STEP = (
     "  FROM u, unnest($4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS x(type, key, body, ord)"
     ") SELECT 0 AS item, u.revision IS NOT NULL AS ok, coalesce(u.revision, 0) AS new_revision,"
     " coalesce(u.updated_at, n.now) AS at FROM n LEFT JOIN u ON true"
+)
+
+
+# Many commits in one round trip (migration 0005 documents the arguments).
+_BATCH = (
+    "SELECT item, ok, new_revision, at FROM runifold_commit_arrays("
+    "$1::text[], $2::bigint[], $3::bigint[], $4::integer[], $5::text[], $6::double precision[], $7::text[],"
+    " $8::text[], $9::text[], $10::integer[], $11::bigint[], $12::text[], $13::text[], $14::text[])"
 )
 
 
@@ -725,8 +733,7 @@ class _Lane:
                 _STEP, p.lease.run_id, p.lease.token, p.expected,
                 [e.type for e in p.events], [e.key for e in p.events], [e.body.decode() for e in p.events])
             return [row]
-        return await self.fetch("SELECT item, ok, new_revision, at FROM runifold_commit_batch($1::jsonb)",
-                                _batch_json(batch))
+        return await self.fetch(_BATCH, *_batch_arrays(batch))
 
     def lose(self) -> None:
         """Drop the connection (lost, or a query may still run on it); the next batch opens another."""
@@ -739,21 +746,46 @@ class _Lane:
             await self._conn.close()
 
 
-def _batch_json(batch: Sequence[_PendingCommit]) -> str:
-    """The argument of ``runifold_commit_batch`` (its migration documents the shape)."""
-    return _json([
-        {
-            "i": i, "run_id": p.lease.run_id, "token": p.lease.token, "expected": p.expected,
-            "events": [(e.type, e.key, msgspec.Raw(e.body)) for e in p.events],
-            "transition": p.columns is not None,
-            "status": None if p.columns is None else p.columns.status,
-            "due": None if p.columns is None else p.columns.due_at,
-            "signals": () if p.columns is None else p.columns.wait_signals,
-            "reason": "" if p.columns is None else p.columns.reason,
-            "consumed": p.consumed,
-        }
-        for i, p in enumerate(batch)
-    ]).decode()
+def _batch_arrays(batch: Sequence[_PendingCommit]) -> tuple[list[Any], ...]:
+    """The arguments of ``runifold_commit_arrays`` (its migration documents them)."""
+    run: list[str] = []
+    token: list[int] = []
+    expected: list[int] = []
+    count: list[int] = []
+    status: list[str | None] = []
+    due: list[float | None] = []
+    reason: list[str | None] = []
+    waits: list[str | None] = []
+    consumed: list[str | None] = []
+    item: list[int] = []
+    seq: list[int] = []
+    types: list[str] = []
+    keys: list[str] = []
+    bodies: list[str] = []
+    for i, p in enumerate(batch, 1):
+        run.append(p.lease.run_id)
+        token.append(p.lease.token)
+        expected.append(p.expected)
+        count.append(len(p.events))
+        columns = p.columns
+        if columns is None:
+            status.append(None)
+            due.append(None)
+            reason.append(None)
+            waits.append(None)
+        else:
+            status.append(str(columns.status))
+            due.append(columns.due_at)
+            reason.append(columns.reason)
+            waits.append(_json(columns.wait_signals).decode() if columns.wait_signals else None)
+        consumed.append(_json(p.consumed).decode() if p.consumed else None)
+        for j, e in enumerate(p.events, 1):
+            item.append(i)
+            seq.append(p.expected + j)
+            types.append(e.type)
+            keys.append(e.key)
+            bodies.append(e.body.decode())
+    return run, token, expected, count, status, due, reason, waits, consumed, item, seq, types, keys, bodies
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
