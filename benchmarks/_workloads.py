@@ -434,10 +434,10 @@ async def _claim_plan(kind: str, url: str) -> str:
             "AND +name IN (SELECT value FROM json_each('[\"seq\"]')) ORDER BY due_at LIMIT 1").fetchall()
         conn.close()
         return "; ".join(r[-1] for r in rows if "runs" in r[-1])
-    from runifold.stores.postgres import _CLAIM  # the store's own claim statement
+    from runifold.stores.postgres import _CLAIMS  # the store's own claim statement
 
     conn = await asyncpg.connect(url)
-    plan = msgspec.json.decode(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {_CLAIM}", "probe", ["seq"], [], 30.0, 1))
+    plan = msgspec.json.decode(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {_CLAIMS[1]}", "probe", ["seq"], [], 30.0))
     await conn.close()
 
     def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:

@@ -78,8 +78,11 @@ _json = msgspec.json.encode
 _TRANSIENT_CLASSES = ("08", "57", "53")
 _TRANSIENT_CODES = {"40001", "40P01"}
 
-# One round trip: pick and lease up to $5 runs, and return each one's history and inbox
+# One round trip: pick and lease up to {limit} runs, and return each one's history and inbox
 # (the subqueries see the events and signals as they were; the UPDATE touches neither).
+# invariant: the limit is a literal, so the cached generic plan is as cheap as a custom one
+# and PostgreSQL reuses it (with LIMIT $n it estimates a tenth of the rows, finds the
+# generic plan dearer and plans the statement again on every call).
 # invariant: "now" is a subquery, evaluated once, so it bounds the due_at index scan;
 # runifold_now() is volatile, and as a plain filter the scan would walk every future timer.
 _CLAIM = (
@@ -87,7 +90,7 @@ _CLAIM = (
     "  SELECT run_id FROM runifold_runs"
     "  WHERE due_at IS NOT NULL AND due_at <= (SELECT runifold_now()) AND name = ANY($2::text[])"
     "  AND NOT (run_id = ANY($3::text[]))"
-    "  ORDER BY due_at LIMIT $5 FOR UPDATE SKIP LOCKED"
+    "  ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
     "), claimed AS ("
     "  UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
     "  lease_until = runifold_now() + $4, due_at = runifold_now() + $4, updated_at = runifold_now()"
@@ -101,6 +104,9 @@ _CLAIM = (
     "  WHERE s.run_id = c.run_id AND NOT s.consumed)::text AS inbox"
     " FROM claimed c"
 )
+#: the most claims one round trip makes; more waiting callers go in the next
+_CLAIMS_PER_TRIP = 64
+_CLAIMS = [_CLAIM.format(limit=n) for n in range(_CLAIMS_PER_TRIP + 1)]
 
 
 # A commit that only appends (no transition, no signal consumed), sent alone: the same
@@ -360,15 +366,17 @@ class PostgresWorkflowStore:
         """Claim for the first queued caller and every other one that asks alike (same owner and filters)."""
         key = self._claims[0].key
         # a caller cancelled before its claim was sent is left out
-        batch = [p for p in self._claims if p.key == key and not p.done.done()]
-        self._claims = [p for p in self._claims if p.key != key]
+        alike = [p for p in self._claims if p.key == key and not p.done.done()]
+        batch, later = alike[:_CLAIMS_PER_TRIP], alike[_CLAIMS_PER_TRIP:]
+        self._claims = later + [p for p in self._claims if p.key != key]
         if not batch:
             return
         owner, names, exclude, lease_seconds = key
         try:
             rows = await self._retrying(
-                lambda: self._claim_lane.fetch(_CLAIM, owner, names, exclude, lease_seconds, len(batch)),
+                lambda: self._claim_lane.fetch(_CLAIMS[len(batch)], owner, names, exclude, lease_seconds),
                 self._claim_lane.lose)
+            claims = iter([_claim_of(row, owner, lease_seconds) for row in rows])
         except asyncio.CancelledError:
             self._claim_lane.lose()  # the query may still be running on its connection
             for pending in batch:
@@ -382,7 +390,6 @@ class PostgresWorkflowStore:
                     pending.done.set_exception(error)
             return
         self.claim_batches += 1
-        claims = iter([_claim_of(row, owner, lease_seconds) for row in rows])
         for pending in batch:
             claim = next(claims, None)
             if not pending.done.done():

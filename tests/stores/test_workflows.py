@@ -433,7 +433,7 @@ async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> No
     """The claim's due_at bound is an index condition, so future timers are never scanned one by one."""
     import asyncpg  # type: ignore[import-untyped]
 
-    from runifold.stores.postgres import _CLAIM
+    from runifold.stores.postgres import _CLAIMS
 
     store = await open_store()
     conn = await asyncpg.connect(store.dsn)
@@ -443,9 +443,19 @@ async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> No
             "updated_at) SELECT 'sleep' || i, 'wf', 1, '{}', 'waiting', 2, runifold_now() + 3600, 0, 0 "
             "FROM generate_series(1, 5000) AS i")
         await conn.execute("ANALYZE runifold_runs")
-        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_CLAIM}", "w", ["wf"], [], 30.0, 1)
+        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_CLAIMS[1]}", "w", ["wf"], [], 30.0)
+        # the plan PostgreSQL caches for the prepared statement (a claim for 8) costs no more than
+        # one planned for the arguments, so it is reused rather than planned again on every claim
+        costs = {}
+        await conn.execute(f"PREPARE claim8 (text, text[], text[], double precision) AS {_CLAIMS[8]}")
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            await conn.execute(f"SET plan_cache_mode = {mode}")
+            explained = await conn.fetchval(
+                "EXPLAIN (FORMAT JSON) EXECUTE claim8('w', ARRAY['wf'], ARRAY[]::text[], 30.0)")
+            costs[mode] = msgspec.json.decode(explained)[0]["Plan"]["Total Cost"]
     finally:
         await conn.close()
+    assert costs["force_generic_plan"] <= costs["force_custom_plan"] * 1.1, costs
 
     def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
         return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
