@@ -166,6 +166,12 @@ def _claim_of(row: asyncpg.Record, owner: str, lease_seconds: float) -> Claim:
                  Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history, inbox)
 
 
+def _release_done(task: asyncio.Future[None]) -> None:
+    """Log a failed hand-back; the run's lease then expires on its own and another claim takes it."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("claim_not_released", error=str(task.exception()))
+
+
 async def _find(conn: asyncpg.Connection, ref: str, *, lock: bool = False) -> asyncpg.Record:
     row = await conn.fetchrow(
         f"SELECT {_RUN_COLUMNS}, wait_signals FROM runifold_runs WHERE run_id = $1 OR checkpoint_id = $1"
@@ -396,7 +402,9 @@ class PostgresWorkflowStore:
                 pending.done.set_result(claim)
             elif claim is not None:
                 # its caller went away while the claim was in flight: hand the run back
-                self._releasing.add(asyncio.ensure_future(self.release(claim.lease)))
+                release = asyncio.ensure_future(self.release(claim.lease))
+                release.add_done_callback(_release_done)
+                self._releasing.add(release)
         self._releasing = {task for task in self._releasing if not task.done()}
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
