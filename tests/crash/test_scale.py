@@ -223,12 +223,15 @@ async def test_new_timers_wake_idle_workers_without_polling() -> None:
         await other.close()
 
 
-async def test_killed_commit_connection_loses_no_step() -> None:
-    """The connection that carries commit batches is killed again and again under load: every run completes, every step body runs once."""
+@pytest.mark.parametrize("application", ["runifold-commits", "runifold-claims"])
+async def test_killed_store_connection_loses_no_step(application: str) -> None:
+    """The store's commit (or claim) connection is killed again and again under load: every run completes, every step body runs once."""
     import asyncpg  # type: ignore[import-untyped]
 
-    from runifold.stores.postgres import COMMIT_APPLICATION
+    from runifold.stores.postgres import CLAIM_APPLICATION, COMMIT_APPLICATION
     from tests.crash import load_app
+
+    assert application in (COMMIT_APPLICATION, CLAIM_APPLICATION)
 
     dsn = require_postgres()
     await reset_postgres(dsn)
@@ -246,12 +249,12 @@ async def test_killed_commit_connection_loses_no_step() -> None:
         running = asyncio.create_task(supervisor.run(handle_signals=False))
         deadline = time.monotonic() + 120
         while len(await store.list_runs(status=RunStatus.COMPLETED, limit=runs)) < runs:
-            assert time.monotonic() < deadline, "runs did not complete after their commit connection was killed"
+            assert time.monotonic() < deadline, f"runs did not complete after the {application} connection was killed"
             assert await store.list_runs(status=RunStatus.FAILED) == [], "a lost connection failed a run"
             if killed < 10:
                 killed += await admin.fetchval(
                     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
-                    COMMIT_APPLICATION)
+                    application)
             await asyncio.sleep(0.03)
         supervisor.stop()
         await running
@@ -259,7 +262,7 @@ async def test_killed_commit_connection_loses_no_step() -> None:
             keys = [e.key for e in await store.history(f"k{i}") if e.type == "step_completed"]
             assert keys == [f"work#{n}" for n in range(1, 6)], (i, keys)
         executions = Counter(tuple(line.split()[:2]) for line in counts.read_text().splitlines())
-        print(f"commit connection killed {killed} times; {len(executions)} step bodies, each run once")
+        print(f"{application} connection killed {killed} times; {len(executions)} step bodies, each run once")
         assert killed >= 3 and len(executions) == runs * 5 and set(executions.values()) == {1}
     finally:
         os.environ.pop("RUNIFOLD_TEST_COUNTS", None)
