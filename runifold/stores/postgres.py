@@ -2,7 +2,8 @@
 
 * Claims pick due runs with ``FOR UPDATE SKIP LOCKED`` and take the leases in
   the same statement: concurrent workers never wait on each other's claims.
-  The claims a process makes on one pass of its event loop share that statement.
+  The claims a process makes on one pass of its event loop, or while another
+  claim is in flight, share that statement.
 * Every time (lease expiry, timers, signal freshness) is judged on the database
   clock, ``clock_timestamp()``, never on a worker's.
 * A durable step is one round trip: ``runifold_commit_arrays`` (a function
