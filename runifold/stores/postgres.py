@@ -731,13 +731,15 @@ class _Lane:
         self._application = application
         self._conn: asyncpg.Connection | None = None
 
-    async def _connection(self) -> asyncpg.Connection:
-        if self._conn is None or self._conn.is_closed():
-            self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application})
+    async def _connect(self) -> asyncpg.Connection:
+        self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application})
         return self._conn
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        rows: list[asyncpg.Record] = await (await self._connection()).fetch(sql, *args)
+        conn = self._conn
+        if conn is None or conn.is_closed():
+            conn = await self._connect()
+        rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
         return rows
 
     async def run(self, batch: Sequence[_PendingCommit]) -> list[asyncpg.Record]:
@@ -745,7 +747,10 @@ class _Lane:
         if len(batch) == 1 and batch[0].columns is None and not batch[0].consumed:
             # a lone step: one plain statement costs the server less than the batch function
             p = batch[0]
-            row = await (await self._connection()).fetchrow(
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                conn = await self._connect()
+            row = await conn.fetchrow(
                 _STEP, p.lease.run_id, p.lease.token, p.expected,
                 [e.type for e in p.events], [e.key for e in p.events], [e.body.decode() for e in p.events])
             return [row]
