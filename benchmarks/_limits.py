@@ -49,11 +49,14 @@ class Limits:
 
 
 def machine_busy() -> float:
-    """CPU seconds all cores of this machine have spent busy since boot (Linux ``/proc/stat``)."""
+    """CPU seconds all cores of this machine have spent busy since boot (Linux ``/proc/stat``).
+
+    User, nice, system, irq and softirq time; not idle, iowait, or the time the
+    hypervisor gave to other machines (steal).
+    """
     with open("/proc/stat") as f:
-        ticks = [int(v) for v in f.readline().split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle and iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+        user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in f.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def _sqlite_conn(path: str) -> sqlite3.Connection:
