@@ -515,6 +515,16 @@ async def test_supervisor_claims_ahead_and_hands_the_claim_back_on_stop(open_sto
     assert calls["reserve"] == 1
 
 
+async def _claimed_runs(store: Any, prefix: str, count: int) -> list[Any]:
+    """Enqueue ``count`` runs (checkpoints ``prefix0``, ``prefix1``, ...) and claim each; return their leases."""
+    leases = []
+    for i in range(count):
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"{prefix}{i}"))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        leases.append(claim.lease)
+    return leases
+
+
 @pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
 async def test_postgres_groups_concurrent_commits_into_one_round_trip(open_store: Any) -> None:
     """Six commits sent at once take two round trips: the first alone, the five that queued behind it together."""
@@ -522,11 +532,7 @@ async def test_postgres_groups_concurrent_commits_into_one_round_trip(open_store
     from runifold.testing._conformance import step_row
 
     store = await open_store()
-    leases = []
-    for i in range(6):
-        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"g{i}"))
-        claim = await store.claim("w", {"wf"}, 30.0)
-        leases.append(claim.lease)
+    leases = await _claimed_runs(store, "g", 6)
     results = await asyncio.gather(*(store.commit(lease, 1, [step_row("a#1", i)], Continue())
                                      for i, lease in enumerate(leases)))
     assert [r.revision for r in results] == [2] * 6
@@ -542,11 +548,7 @@ async def test_postgres_commit_refused_by_the_database_fails_alone(open_store: A
     from runifold.testing._conformance import step_row
 
     store = await open_store()
-    leases = []
-    for i in range(4):
-        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"n{i}"))
-        claim = await store.claim("w", {"wf"}, 30.0)
-        leases.append(claim.lease)
+    leases = await _claimed_runs(store, "n", 4)
     outputs = ["first", "ok", "nul \x00 here", "ok"]
     results = await asyncio.gather(*(store.commit(lease, 1, [step_row("a#1", out)], Continue())
                                      for lease, out in zip(leases, outputs, strict=True)), return_exceptions=True)
