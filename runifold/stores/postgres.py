@@ -463,10 +463,13 @@ class PostgresWorkflowStore:
         """Send the queued commits, as many as are waiting, in one round trip each time.
 
         Commits that arrive while a batch is in flight wait for the next one, so
-        batches grow with the load and a lone commit is sent at once.
+        batches grow with the load and a lone commit is sent at once. After a
+        batch the connection stays held for one pass of the event loop, so the
+        runs it answered reach their next commits and send them together, instead
+        of the first of them going alone and the rest waiting behind it.
         """
         try:
-            while self._commits:
+            while True:
                 # let the runs whose commits just landed reach their next commit: it joins this batch
                 await asyncio.sleep(0)
                 batch: list[_PendingCommit] = []
@@ -479,8 +482,9 @@ class PostgresWorkflowStore:
                     (later if pending.lease.run_id in seen else batch).append(pending)
                     seen.add(pending.lease.run_id)
                 self._commits = later
-                if batch:
-                    await self._send_batch(batch)
+                if not batch:
+                    break
+                await self._send_batch(batch)
         finally:
             self._lane_busy = False
 

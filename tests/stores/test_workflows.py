@@ -541,6 +541,26 @@ async def test_postgres_groups_concurrent_commits_into_one_round_trip(open_store
 
 
 @pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_runs_a_batch_answers_send_their_next_commits_together(open_store: Any) -> None:
+    """Six runs commit twice each: the runs the second batch answers send their next commits in one batch, none alone."""
+    from runifold.stores import Continue
+    from runifold.testing._conformance import step_row
+
+    store = await open_store()
+    leases = await _claimed_runs(store, "t", 6)
+
+    async def two_steps(lease: Any) -> int:
+        await store.commit(lease, 1, [step_row("a#1", 1)], Continue())
+        return (await store.commit(lease, 2, [step_row("b#1", 2)], Continue())).revision
+
+    assert await asyncio.gather(*(two_steps(lease) for lease in leases)) == [3] * 6
+    # the first commit alone; the other five first commits with the first run's second; then the
+    # five second commits together (were the first of them sent alone, that would be four batches)
+    assert (store.batches, store.batched_commits) == (3, 12)
+    assert [[e.key for e in await store.history(f"t{i}")] for i in range(6)] == [["", "a#1", "b#1"]] * 6
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
 async def test_postgres_commit_refused_by_the_database_fails_alone(open_store: Any) -> None:
     """A commit PostgreSQL rejects (a NUL character in jsonb) raises StoreError; the commits batched with it still land."""
     from runifold.errors import StoreError
