@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import random
@@ -368,51 +369,76 @@ async def _idle_worker(url: str, seconds: float) -> tuple[float, float]:
 async def idle_cost(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
     suspended = max(1000, int(10_000 * scale))
     finished = max(100_000, int(1_000_000 * scale))
+    churned = max(100, int(2000 * scale))
     store, url = await fresh_store(kind, folder)
     rows: list[Row] = []
     try:
         empty_cpu, empty_rss = await _idle_worker(url, 5)
-        for i in range(suspended):  # half wait for a signal, half sleep on a timer an hour away
-            await store.enqueue(WorkflowTask("waiter", 1, {"name": f"i{i}"}) if i % 2 else
-                                WorkflowTask("sleeper", 1, {"name": f"i{i}", "seconds": 3600.0}))
-        supervisor = Supervisor(make_worker(store), 8, idle_wait=timedelta(seconds=0.05))
-        task = asyncio.create_task(supervisor.run(handle_signals=False))
-        await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Suspended", 0) >= suspended))
-        supervisor.stop()
-        await task
+        # half wait for a signal, half sleep on a timer an hour away
+        await _drive_all(store, [WorkflowTask("waiter", 1, {"name": f"i{i}"}) if i % 2 else
+                                 WorkflowTask("sleeper", 1, {"name": f"i{i}", "seconds": 3600.0})
+                                 for i in range(suspended)], "Suspended")
         busy_cpu, busy_rss = await _idle_worker(url, 5)
         rows.append((f"idle cost: {suspended:,} suspended runs (half on signals, half on timers)", f"idle worker RSS {busy_rss:.0f} MiB, CPU {busy_cpu:.2%}",
                      f"vs empty store: RSS {busy_rss / empty_rss:.2f}x, CPU {busy_cpu * 100:.2f} vs {empty_cpu * 100:.2f} %"))
+        await _vacuum(kind, url)  # both measurements see the table as autovacuum leaves it
         claim_small, trip_small = await _claim_cost(kind, store, 1000)
+        pages_small = await _claim_pages(kind, url)
         await _add_finished(kind, url, finished)
         claim_large, trip_large = await _claim_cost(kind, store, 1000)
+        pages_large = await _claim_pages(kind, url)
+        # runs going through a large table leave dead entries in the claim's index: does VACUUM remove them?
+        await _drive_all(store, [WorkflowTask("five", 1, {"n": i}) for i in range(churned)], "Completed")
+        await _vacuum(kind, url)
+        claim_churned, trip_churned = await _claim_cost(kind, store, 1000)
+        pages_churned = await _claim_pages(kind, url)
         plan = await _claim_plan(kind, url)
         growth = f"{claim_large / claim_small:.2f}x"
+        after = f"{claim_churned / claim_small:.2f}x"
         if trip_small:  # the machine's speed drifts between the two: also judge against a round trip timed alongside
             growth = (f"{(claim_large / trip_large) / (claim_small / trip_small):.2f}x against a trivial round trip "
-                      f"timed alongside ({trip_small * 1000:.2f} then {trip_large * 1000:.2f} ms), {growth} in time")
+                      f"timed alongside ({trip_small * 1000:.2f} then {trip_large * 1000:.2f} ms), {growth} in time; "
+                      f"the claim read {pages_small} then {pages_large} pages")
+            after = (f"{(claim_churned / trip_churned) / (claim_small / trip_small):.2f}x against the round trip, "
+                     f"{after} in time, {pages_churned} pages")
         rows.append((f"claim cost: {suspended:,} suspended + {finished:,} finished runs",
-                     f"{claim_large * 1000:.2f} ms per claim (was {claim_small * 1000:.2f} ms without the finished runs)",
-                     f"{growth}; plan: {plan}"))
+                     f"{claim_large * 1000:.2f} ms per claim (was {claim_small * 1000:.2f} ms without the finished runs; "
+                     f"{claim_churned * 1000:.2f} ms after {churned:,} more runs went through and a VACUUM)",
+                     f"{growth}; after the {churned:,} runs {after}; plan: {plan}"))
     finally:
         await store.close()
     return rows
 
 
+async def _drive_all(store: Any, tasks: list[WorkflowTask], outcome: str) -> None:
+    """Enqueue ``tasks`` and drive them under a ``Supervisor`` with 8 at once until each ends with ``outcome``."""
+    for t in tasks:
+        await store.enqueue(t)
+    supervisor = Supervisor(make_worker(store), 8, idle_wait=timedelta(seconds=0.05))
+    task = asyncio.create_task(supervisor.run(handle_signals=False))
+    await until(lambda: asyncio.sleep(0, supervisor.outcomes.get(outcome, 0) >= len(tasks)))
+    supervisor.stop()
+    await task
+
+
 async def _claim_cost(kind: str, store: Any, count: int) -> tuple[float, float]:
     """Seconds per empty claim, and on PostgreSQL per trivial round trip (``store.now()``; 0 on SQLite,
-    whose clock is local); each the median of five rounds of ``count // 5``, the two kinds taking turns."""
+    whose clock is local); each the median of five rounds of ``count // 5``, the two kinds taking turns,
+    after one untimed round of each (after ``VACUUM ANALYZE`` the first claims plan the statement again:
+    the steady cost is what is compared)."""
     claims, trips = [], []
-    for _ in range(5):
+    for timed in (False, True, True, True, True, True):
         started = time.perf_counter()
         for _ in range(count // 5):
             assert await store.claim("probe", {"waiter", "sleeper", "seq"}, 30.0) is None
-        claims.append((time.perf_counter() - started) / (count // 5))
+        if timed:
+            claims.append((time.perf_counter() - started) / (count // 5))
         if kind == "postgres":
             started = time.perf_counter()
             for _ in range(count // 5):
                 await store.now()
-            trips.append((time.perf_counter() - started) / (count // 5))
+            if timed:
+                trips.append((time.perf_counter() - started) / (count // 5))
     return sorted(claims)[2], sorted(trips)[2] if trips else 0.0
 
 
@@ -431,9 +457,35 @@ async def _add_finished(kind: str, url: str, count: int) -> None:
         await conn.execute(
             "INSERT INTO runifold_runs (run_id, name, version, input_json, status, revision, due_at, created_at, updated_at) "
             "SELECT 'fin' || i, 'seq', 1, '{}', 'completed', 3, NULL, 0, 0 FROM generate_series(1, $1) AS i", count)
-        # as autovacuum would leave it; and it is not left running beside the measurement
-        await conn.execute("VACUUM ANALYZE runifold_runs")
         await conn.close()
+        await _vacuum(kind, url)
+
+
+async def _vacuum(kind: str, url: str) -> None:
+    """On PostgreSQL, ``VACUUM ANALYZE`` the runs table: as autovacuum would leave it, and not left running
+    beside the measurement; then a checkpoint, so that writing out what the load and the vacuum dirtied does
+    not run beside it either. (SQLite deletes index entries in place: nothing to do.)"""
+    if kind == "postgres":
+        conn = await asyncpg.connect(url)
+        await conn.execute("VACUUM ANALYZE runifold_runs")
+        with contextlib.suppress(asyncpg.InsufficientPrivilegeError):  # needs pg_checkpoint or a superuser
+            await conn.execute("CHECKPOINT")
+        await conn.close()
+
+
+async def _claim_pages(kind: str, url: str) -> int:
+    """On PostgreSQL, the pages (index and heap, from shared buffers or not) one empty claim reads: the claim's
+    work, which the machine's speed does not move (0 on SQLite, which does not count them)."""
+    if kind != "postgres":
+        return 0
+    from runifold.stores.postgres import _CLAIMS  # the store's own claim statement
+
+    conn = await asyncpg.connect(url)
+    plan = msgspec.json.decode(await conn.fetchval(
+        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_CLAIMS[1]}", "probe", ["waiter", "sleeper", "seq"], [], 30.0))
+    await conn.close()
+    top = plan[0]["Plan"]
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
 
 
 async def _claim_plan(kind: str, url: str) -> str:
