@@ -383,16 +383,15 @@ async def idle_cost(kind: str, limits: Limits, folder: Path, scale: float) -> li
                      f"vs empty store: RSS {busy_rss / empty_rss:.2f}x, CPU {busy_cpu * 100:.2f} vs {empty_cpu * 100:.2f} %"))
         await _vacuum(kind, url)  # both measurements see the table as autovacuum leaves it
         claim_small, trip_small = await _claim_cost(kind, store, 1000)
-        pages_small = await _claim_pages(kind, url)
+        pages_small, _ = await _claim_plan(kind, url)
         await _add_finished(kind, url, finished)
         claim_large, trip_large = await _claim_cost(kind, store, 1000)
-        pages_large = await _claim_pages(kind, url)
+        pages_large, _ = await _claim_plan(kind, url)
         # runs going through a large table leave dead entries in the claim's index: does VACUUM remove them?
         await _drive_all(store, [WorkflowTask("five", 1, {"n": i}) for i in range(churned)], "Completed")
         await _vacuum(kind, url)
         claim_churned, trip_churned = await _claim_cost(kind, store, 1000)
-        pages_churned = await _claim_pages(kind, url)
-        plan = await _claim_plan(kind, url)
+        pages_churned, plan = await _claim_plan(kind, url)
         growth = f"{claim_large / claim_small:.2f}x"
         after = f"{claim_churned / claim_small:.2f}x"
         if trip_small:  # the machine's speed drifts between the two: also judge against a round trip timed alongside
@@ -473,11 +472,17 @@ async def _vacuum(kind: str, url: str) -> None:
         await conn.close()
 
 
-async def _claim_pages(kind: str, url: str) -> int:
-    """On PostgreSQL, the pages (index and heap, from shared buffers or not) one empty claim reads: the claim's
-    work, which the machine's speed does not move (0 on SQLite, which does not count them)."""
-    if kind != "postgres":
-        return 0
+async def _claim_plan(kind: str, url: str) -> tuple[int, str]:
+    """The plan of the store's claim statement and, on PostgreSQL, the pages (index and heap, from shared
+    buffers or not) one empty claim reads: its work, which the machine's speed does not move (SQLite does
+    not count them: 0)."""
+    if kind == "sqlite":
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        rows = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT run_id FROM runs WHERE due_at IS NOT NULL AND due_at <= 0 "
+            "AND +name IN (SELECT value FROM json_each('[\"seq\"]')) ORDER BY due_at LIMIT 1").fetchall()
+        conn.close()
+        return 0, "; ".join(r[-1] for r in rows if "runs" in r[-1])
     from runifold.stores.postgres import _CLAIMS  # the store's own claim statement
 
     conn = await asyncpg.connect(url)
@@ -485,29 +490,14 @@ async def _claim_pages(kind: str, url: str) -> int:
         f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_CLAIMS[1]}", "probe", ["waiter", "sleeper", "seq"], [], 30.0))
     await conn.close()
     top = plan[0]["Plan"]
-    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"])
-
-
-async def _claim_plan(kind: str, url: str) -> str:
-    if kind == "sqlite":
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
-        rows = conn.execute(
-            "EXPLAIN QUERY PLAN SELECT run_id FROM runs WHERE due_at IS NOT NULL AND due_at <= 0 "
-            "AND +name IN (SELECT value FROM json_each('[\"seq\"]')) ORDER BY due_at LIMIT 1").fetchall()
-        conn.close()
-        return "; ".join(r[-1] for r in rows if "runs" in r[-1])
-    from runifold.stores.postgres import _CLAIMS  # the store's own claim statement
-
-    conn = await asyncpg.connect(url)
-    plan = msgspec.json.decode(await conn.fetchval(f"EXPLAIN (FORMAT JSON) {_CLAIMS[1]}", "probe", ["seq"], [], 30.0))
-    await conn.close()
 
     def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
         return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
 
-    scan = next((n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "runifold_runs" and "Index Cond" in n
+    scan = next((n for n in nodes(top) if n.get("Relation Name") == "runifold_runs" and "Index Cond" in n
                  and "due_at" in n["Index Cond"]), None)
-    return "?" if scan is None else f"{scan['Node Type']} using {scan['Index Name']}, Index Cond: {scan['Index Cond']}"
+    text = "?" if scan is None else f"{scan['Node Type']} using {scan['Index Name']}, Index Cond: {scan['Index Cond']}"
+    return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"]), text
 
 
 async def run_all(kind: str, limits: Limits, scale: float) -> list[Row]:
