@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, final
@@ -130,7 +131,11 @@ class InboxSignal(msgspec.Struct, frozen=True):
 
 
 class Claim(msgspec.Struct, frozen=True):
-    """What a worker gets when it claims a run."""
+    """What a worker gets when it claims a run.
+
+    ``now`` is the store's clock at the claim; ``received`` the worker's monotonic clock when the claim
+    came back, so a worker can tell how long a claim waited before it was driven.
+    """
 
     run_id: str
     checkpoint_id: str | None
@@ -140,6 +145,7 @@ class Claim(msgspec.Struct, frozen=True):
     now: float
     history: list[StoredEvent]
     inbox: list[InboxSignal]
+    received: float = msgspec.field(default_factory=time.monotonic)
 
 
 class Continue(msgspec.Struct, frozen=True, tag="continue"):

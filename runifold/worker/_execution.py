@@ -191,7 +191,7 @@ class Execution:
         self._lease_seconds = lease_seconds
         self._renew_every = renew_every
         self._claim_now = claim.now
-        self._t0 = time.monotonic()
+        self._t0 = claim.received
         entries = [
             Entry(row.seq, row.at, decode_event(row.body, where=f"{claim.run_id}#{row.seq}"))
             for row in claim.history
@@ -573,6 +573,14 @@ class Execution:
 
     async def run(self) -> Outcome:
         """Replay and continue the run; return what happened."""
+        if time.monotonic() - self._t0 >= self._renew_every:
+            # a claim made ahead waited for its slot's previous run, maybe past its lease, and another
+            # worker may hold the run now: renew before anything runs live, or run nothing
+            try:
+                self.lease = await self.store.renew(self.lease, self._lease_seconds)
+            except LeaseLostError as exc:
+                self._lose(f"the claim waited {time.monotonic() - self._t0:.1f} s before it was driven: {exc}")
+                return LeaseLost(self.run_id, self.checkpoint_id, self._lost or str(exc))
         loop = asyncio.get_running_loop()
         install_scoped_task_factory(loop)
         try:

@@ -72,6 +72,12 @@ async def double(n: int) -> int:
     return n * 2
 
 
+@workflow("reserving")
+async def reserving(ctx: WorkflowContext, order_id: str) -> int:
+    stock = await reserve(order_id)
+    return stock.reserved
+
+
 @workflow("retrying")
 async def retrying(ctx: WorkflowContext, order_id: str) -> dict[str, Any]:
     stock = await reserve(order_id)
@@ -501,6 +507,39 @@ async def test_postgres_vacuum_cleans_the_claim_index_in_a_table_of_finished_run
     # with its 3,000 dead entries left in place the scan reads over 200 pages (index and heap); a clean one, a few
     assert scan["Actual Rows"] == 0 and scan["Shared Hit Blocks"] + scan["Shared Read Blocks"] <= 8, scan
     assert {"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"} <= set(options), options
+
+
+async def test_a_claim_that_waited_past_its_lease_runs_no_step_once_another_worker_took_the_run(store: Any) -> None:
+    """A run claimed ahead waits for its slot; when its lease ran out and another worker finished the run, it runs nothing."""
+    definition = WorkflowDefinition(reserving)
+    await store.enqueue(WorkflowTask("reserving", 1, {"order_id": "o1"}, checkpoint_id="o1"))
+    slow = worker(store, definition, worker_id="slow", lease=0.3)
+    claim = await slow._claim()  # as a supervisor's slot claims ahead of its current run's end
+    assert claim is not None
+    await asyncio.sleep(0.45)  # the slot's current run takes longer than the lease
+    assert isinstance(await worker(store, definition, worker_id="taker").run_once(), Completed)
+    assert calls["reserve"] == 1
+
+    outcome = await slow._drive(claim)
+
+    assert isinstance(outcome, LeaseLost), outcome
+    assert calls["reserve"] == 1  # no body ran under the stale lease
+    assert (await store.get_run("o1")).status is RunStatus.COMPLETED
+
+
+async def test_a_claim_that_waited_within_its_lease_is_renewed_and_runs(store: Any) -> None:
+    """A claim that waited longer than the renewal interval, but not its lease, is renewed before it runs, and completes."""
+    definition = WorkflowDefinition(reserving)
+    await store.enqueue(WorkflowTask("reserving", 1, {"order_id": "o2"}, checkpoint_id="o2"))
+    slow = worker(store, definition, worker_id="slow", lease=0.9)
+    claim = await slow._claim()
+    assert claim is not None
+    await asyncio.sleep(0.4)  # past renew_every (0.3 s), within the lease
+
+    outcome = await slow._drive(claim)
+
+    assert isinstance(outcome, Completed), outcome
+    assert calls["reserve"] == 1
 
 
 class _StopOnSecondClaim:
