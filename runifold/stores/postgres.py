@@ -9,8 +9,10 @@
 * A durable step is one round trip: ``runifold_commit_arrays`` (a function
   created by the migrations) fences, appends, consumes signals and applies the
   transition. The concurrent commits of a process share that round trip, one
-  transaction and one WAL flush, each fenced on its own. A lone commit that
-  only appends (the sequential case) is one plain statement with the same fence.
+  transaction and one WAL flush, each fenced on its own: a commit waits one
+  pass of the event loop, so the commits of runs that became ready together
+  leave together. A lone commit that only appends (the sequential case) is one
+  plain statement with the same fence.
 * ``LISTEN runifold_work``: idle workers wake at once when a run becomes due;
   a due timer wakes them through the next-due-time they sleep until; polling
   remains only as a fallback, and a dropped listening connection is reopened.
@@ -200,7 +202,7 @@ class PostgresWorkflowStore:
         # batches go one at a time over the store's own connection
         self._commits: list[_PendingCommit] = []
         self._lane = _Lane(dsn, COMMIT_APPLICATION)
-        self._lane_busy = False  # a batch is in flight on it
+        self._lane_busy = False  # the batcher holds it: a batch is in flight or about to leave
         self._batcher: asyncio.Future[None] | None = None
         #: commit batches sent and the commits they carried (how well commits are grouped)
         self.batches = 0
@@ -432,20 +434,8 @@ class PostgresWorkflowStore:
     ) -> CommitResult:
         pending = _PendingCommit(lease, expected_revision, events, transition_columns(transition), consumed_signals,
                                  asyncio.get_running_loop().create_future())
-        if not self._commits and not self._lane_busy:
-            # nothing in flight: send this commit at once, from this task
-            self._lane_busy = True
-            try:
-                await self._send_batch([pending])
-            except asyncio.CancelledError:
-                self._lane.lose()  # the query may still be running on its connection
-                raise
-            finally:
-                self._lane_busy = False
-                self._start_batcher()
-        else:
-            self._commits.append(pending)  # the next batch takes it
-            self._start_batcher()
+        self._commits.append(pending)  # the next batch takes it
+        self._start_batcher()
         ok, revision, at = await pending.done
         if not ok:
             raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
@@ -462,15 +452,16 @@ class PostgresWorkflowStore:
     async def _commit_batches(self) -> None:
         """Send the queued commits, as many as are waiting, in one round trip each time.
 
-        Commits that arrive while a batch is in flight wait for the next one, so
-        batches grow with the load and a lone commit is sent at once. After a
-        batch the connection stays held for one pass of the event loop, so the
-        runs it answered reach their next commits and send them together, instead
-        of the first of them going alone and the rest waiting behind it.
+        Every batch leaves one pass of the event loop after the batcher starts
+        or after the batch before it is answered. Runs that become ready together
+        (the runs a batch just answered, or runs that ended a wait together)
+        reach their next commits on that pass and share one round trip; commits
+        that arrive while a batch is in flight wait for the next one. A lone
+        commit leaves after that one pass.
         """
         try:
             while True:
-                # let the runs whose commits just landed reach their next commit: it joins this batch
+                # let runs that became ready together reach their commits: they join this batch
                 await asyncio.sleep(0)
                 batch: list[_PendingCommit] = []
                 later: list[_PendingCommit] = []
