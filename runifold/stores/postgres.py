@@ -483,6 +483,7 @@ class PostgresWorkflowStore:
         try:
             rows = await self._retrying(lambda: self._lane.run(batch), self._lane.lose)
         except asyncio.CancelledError:
+            self._lane.lose()  # the query may still be running on its connection
             for pending in batch:
                 pending.done.cancel()
             raise
