@@ -26,7 +26,9 @@ class Supervisor:
     the next, starting that claim as the current run's final commit starts so
     the two round trips overlap; a run that fails does not stop the others.
     Idle slots wait on the store (PostgreSQL wakes them at once by
-    notification; other stores poll every ``idle_wait``). On SIGTERM or
+    notification; other stores poll every ``idle_wait``), one of them at a
+    time: a slot that claims a run wakes the next idle one, so a burst of
+    work fans out over the slots one claim after another. On SIGTERM or
     SIGINT (or :meth:`stop`) it stops claiming, gives in-flight runs ``grace``
     to finish, then cancels them and releases their leases so other workers
     continue them at once.
@@ -107,6 +109,8 @@ class Supervisor:
                     if claim is not None and self._stopping.is_set():
                         await self.worker.store.release(claim.lease)  # claimed as the stop came: hand it back
                         break
+                    if claim is not None:
+                        self._kick.set()  # more may be due: the next idle slot claims now, not after this run
                     outcome = Idle() if claim is None else await self.worker._drive(claim, claim_ahead)
                     failures = 0
                 except RunifoldError as exc:
@@ -117,8 +121,6 @@ class Supervisor:
                 self._count(outcome)
                 if isinstance(outcome, (Idle, DefinitionUnavailable)):
                     await self._idle()
-                else:
-                    self._kick.set()
         finally:
             if ahead is not None:
                 await self._hand_back(ahead)

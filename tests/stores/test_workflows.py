@@ -592,6 +592,51 @@ async def test_supervisor_claims_ahead_and_hands_the_claim_back_on_stop(open_sto
     assert calls["reserve"] == 1
 
 
+_together: dict[str, Any] = {}
+
+
+@step()
+async def meet() -> int:
+    """Returns only once every run of the burst is inside this step at the same time."""
+    _together["inside"] += 1
+    if _together["inside"] == _together["expected"]:
+        _together["all"].set()
+    await _together["all"].wait()
+    return 1
+
+
+@workflow("meeting")
+async def meeting(ctx: WorkflowContext) -> int:
+    return await meet()
+
+
+@pytest.mark.parametrize("open_store", ["memory"], indirect=True)
+async def test_a_burst_of_runs_fans_out_over_idle_slots_at_once(open_store: Any) -> None:
+    """Runs enqueued while every slot idles start together: a slot that claims one wakes the next idle slot at once.
+
+    The memory store's enqueue never yields, so the four enqueues leave one wake-up for the one slot waiting
+    on the store: the case of a burst another process enqueued (one poll, or NOTIFYs that arrive together).
+    The other stores' enqueues yield, and each wakes a slot itself, which would hide a broken chain.
+    """
+    from runifold import Supervisor
+
+    store = await open_store()
+    _together.update(inside=0, expected=4, all=asyncio.Event())
+    # a poll of 30 s: only the wake-up chain between slots can start the four runs within the test's time
+    supervisor = Supervisor(worker(store, WorkflowDefinition(meeting)), 4, idle_wait=timedelta(seconds=30))
+    running = asyncio.create_task(supervisor.run(handle_signals=False))
+    try:
+        await asyncio.sleep(0.2)  # every slot has found nothing and idles
+        for i in range(4):
+            await store.enqueue(WorkflowTask("meeting", 1, {}, checkpoint_id=f"m{i}"))
+        # each run waits inside its step for the other three: they finish only if all four ran at once
+        await asyncio.wait_for(_together["all"].wait(), 10)
+    finally:
+        supervisor.stop()
+        await asyncio.wait_for(running, 30)
+    assert supervisor.outcomes.get("Completed") == 4
+
+
 async def _claimed_runs(store: Any, prefix: str, count: int) -> list[Any]:
     """Enqueue ``count`` runs (checkpoints ``prefix0``, ``prefix1``, ...) and claim each; return their leases."""
     leases = []
