@@ -11,8 +11,9 @@
   transition. The concurrent commits of a process share that round trip, one
   transaction and one WAL flush, each fenced on its own: a commit waits one
   pass of the event loop, so the commits of runs that became ready together
-  leave together. A lone commit that only appends (the sequential case) is one
-  plain statement with the same fence.
+  leave together, unless its run was alone in the last batch. A lone commit
+  that only appends (the sequential case) is one plain statement with the
+  same fence.
 * ``LISTEN runifold_work``: idle workers wake at once when a run becomes due;
   a due timer wakes them through the next-due-time they sleep until; polling
   remains only as a fallback, and a dropped listening connection is reopened.
@@ -203,6 +204,7 @@ class PostgresWorkflowStore:
         self._commits: list[_PendingCommit] = []
         self._lane = _Lane(dsn, COMMIT_APPLICATION)
         self._lane_busy = False  # the batcher holds it: a batch is in flight or about to leave
+        self._alone: str | None = None  # the run whose commit was the last batch's only one
         self._batcher: asyncio.Future[None] | None = None
         #: commit batches sent and the commits they carried (how well commits are grouped)
         self.batches = 0
@@ -434,8 +436,18 @@ class PostgresWorkflowStore:
     ) -> CommitResult:
         pending = _PendingCommit(lease, expected_revision, events, transition_columns(transition), consumed_signals,
                                  asyncio.get_running_loop().create_future())
-        self._commits.append(pending)  # the next batch takes it
-        self._start_batcher()
+        if lease.run_id == self._alone and not self._commits and not self._lane_busy:
+            # the last batch carried only this run's commit: no other run commits here, so
+            # there is no one to wait a pass for; send it at once, from this task
+            self._lane_busy = True
+            try:
+                await self._send_batch([pending])
+            finally:
+                self._lane_busy = False
+                self._start_batcher()
+        else:
+            self._commits.append(pending)  # the next batch takes it
+            self._start_batcher()
         ok, revision, at = await pending.done
         if not ok:
             raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
@@ -457,7 +469,8 @@ class PostgresWorkflowStore:
         (the runs a batch just answered, or runs that ended a wait together)
         reach their next commits on that pass and share one round trip; commits
         that arrive while a batch is in flight wait for the next one. A lone
-        commit leaves after that one pass.
+        commit leaves after that one pass; the next commit of a run that was
+        alone in the last batch skips the batcher (see :meth:`commit`).
         """
         try:
             while True:
@@ -501,6 +514,7 @@ class PostgresWorkflowStore:
             return
         self.batches += 1
         self.batched_commits += len(batch)
+        self._alone = batch[0].lease.run_id if len(batch) == 1 else None
         for row in rows:
             pending = batch[row["item"]]
             if not pending.done.done():

@@ -682,6 +682,26 @@ async def test_postgres_runs_a_batch_answers_send_their_next_commits_together(op
 
 
 @pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
+async def test_postgres_a_run_committing_alone_skips_the_pass(open_store: Any) -> None:
+    """A run whose commit was the last batch's only one sends its next at once; a newcomer's commit waits for it."""
+    from runifold.stores import Continue
+    from runifold.testing._conformance import step_row
+
+    store = await open_store()
+    alone, newcomer = await _claimed_runs(store, "s", 2)
+    await store.commit(alone, 1, [step_row("a#1", 1)], Continue())
+    # made on one pass: had both waited a pass they would share a batch; the lone run's goes out first, alone
+    results = await asyncio.gather(store.commit(alone, 2, [step_row("b#1", 2)], Continue()),
+                                   store.commit(newcomer, 1, [step_row("a#1", 1)], Continue()))
+    assert [r.revision for r in results] == [3, 2]
+    assert (store.batches, store.batched_commits) == (3, 3)
+    # the last batch carried the newcomer alone, but the next commit is another run's: it waits the pass
+    await asyncio.gather(store.commit(alone, 3, [step_row("c#1", 3)], Continue()),
+                         store.commit(newcomer, 2, [step_row("b#1", 2)], Continue()))
+    assert (store.batches, store.batched_commits) == (4, 5)
+
+
+@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
 async def test_postgres_commit_refused_by_the_database_fails_alone(open_store: Any) -> None:
     """A commit PostgreSQL rejects (a NUL character in jsonb) raises StoreError; the commits batched with it still land."""
     from runifold.errors import StoreError
