@@ -434,6 +434,11 @@ async def test_postgres_returns_every_pooled_connection(open_store: Any) -> None
     assert store._pool.get_idle_size() == store._pool.get_size()
 
 
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan tree, the root first."""
+    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
+
+
 @pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
 async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> None:
     """The claim's due_at bound is an index condition, so future timers are never scanned one by one."""
@@ -463,10 +468,7 @@ async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> No
         await conn.close()
     assert costs["force_generic_plan"] <= costs["force_custom_plan"] * 1.1, costs
 
-    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
-
-    scans = [n for n in nodes(msgspec.json.decode(plan)[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due"]
+    scans = [n for n in _plan_nodes(msgspec.json.decode(plan)[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due"]
     assert scans and "due_at <=" in scans[0]["Index Cond"], scans
     assert scans[0].get("Rows Removed by Filter", 0) == 0 and scans[0]["Actual Rows"] == 0, scans
 
@@ -500,10 +502,7 @@ async def test_postgres_vacuum_cleans_the_claim_index_in_a_table_of_finished_run
     finally:
         await conn.close()
 
-    def nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-        return [node, *(n for child in node.get("Plans", []) for n in nodes(child))]
-
-    scan = next(n for n in nodes(plan[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due")
+    scan = next(n for n in _plan_nodes(plan[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due")
     # with its 3,000 dead entries left in place the scan reads over 200 pages (index and heap); a clean one, a few
     assert scan["Actual Rows"] == 0 and scan["Shared Hit Blocks"] + scan["Shared Read Blocks"] <= 8, scan
     assert {"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"} <= set(options), options
