@@ -140,6 +140,20 @@ class StoreConformance:
         # the lease of a refused commit still holds: the fence judged the revision alone
         await store.commit(leases[2], 1, [step_row("a#1")], Continue())
 
+    async def test_concurrent_step_commits_are_fenced_one_by_one(self, store: Any) -> None:
+        """Step commits of several runs sent at once, none changing a status: the stale one alone is refused."""
+        leases = [await self._claimed(store, f"s{i}") for i in range(3)]
+        results = await asyncio.gather(
+            store.commit(leases[0], 1, [step_row("a#1", 1)], Continue()),
+            store.commit(leases[1], 4, [step_row("a#1", 1)], Continue()),  # stale: refused
+            store.commit(leases[2], 1, [step_row("a#1", 1), step_row("b#1", 2)], Continue()),
+            return_exceptions=True,
+        )
+        assert [getattr(r, "revision", type(r).__name__) for r in results] == [2, "LeaseLostError", 3]
+        assert [[e.key for e in await store.history(f"s{i}")] for i in range(3)] == [
+            ["", "a#1"], [""], ["", "a#1", "b#1"]]
+        assert [(await store.get_run(f"s{i}")).revision for i in range(3)] == [2, 1, 3]
+
     async def test_expired_lease_is_taken_over_and_fenced(self, store: Any) -> None:
         """After expiry another worker claims the run; the old holder can neither commit nor renew."""
         old = await self._claimed(store, lease=0.2)
