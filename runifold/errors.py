@@ -15,7 +15,8 @@
     ├── SerializationError        a value cannot be encoded or a row cannot be decoded
     ├── StoreError                the store's driver failed (translated at the boundary)
     │   └── StoreUnavailableError the store could not be reached or stayed busy
-    ├── SignalRejectedError       a signal failed authentication, freshness or scope
+    ├── SignalRejectedError       a signal failed authentication, freshness, limits or scope
+    │   └── SignalConflictError   a signal id was reused with another payload
     ├── RunFailure                why a run was failed by the engine
     │   ├── BudgetExceededError
     │   └── CapabilityDeniedError
@@ -45,6 +46,7 @@ __all__ = [
     "RunNotFoundError",
     "RunifoldError",
     "SerializationError",
+    "SignalConflictError",
     "SignalRejectedError",
     "StepFailedError",
     "StoreError",
@@ -153,6 +155,19 @@ class SignalRejectedError(RunifoldError):
         self.verdict = verdict
         self.reason = reason
         super().__init__(f"signal rejected ({verdict}): {reason}")
+
+
+class SignalConflictError(SignalRejectedError):
+    """A signal id already names a signal with a different name or payload for this run."""
+
+    def __init__(self, run_id: str, signal_id: str) -> None:
+        self.run_id = run_id
+        self.signal_id = signal_id
+        super().__init__(
+            "conflict",
+            f"signal id {signal_id!r} was already used for run {run_id} with a different name or payload; "
+            "a signal id names one signal: use a new id for a new signal",
+        )
 
 
 class RunFailure(RunifoldError):

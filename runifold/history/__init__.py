@@ -25,6 +25,8 @@ from runifold.history._codec import (
     convert,
     decode_event,
     encode_event,
+    encode_value,
+    record,
     to_plain,
 )
 from runifold.history._events import (
@@ -42,6 +44,7 @@ from runifold.history._events import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunRetried,
     RunStarted,
     SignalReceived,
     SignalTimedOut,
@@ -62,10 +65,10 @@ __all__ = [
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectState", "Entry", "Event", "Failed", "Fresh",
     "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",
-    "RunFailed", "RunStarted", "SignalReceived", "SignalTimedOut", "SignalWaitStarted",
+    "RunFailed", "RunRetried", "RunStarted", "SignalReceived", "SignalTimedOut", "SignalWaitStarted",
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
     "WaitReceived", "WaitState", "WaitTimedOut", "convert", "decode_event",
-    "effect_state", "encode_event", "fold", "kind_of", "step_state",
+    "effect_state", "encode_event", "encode_value", "fold", "kind_of", "record", "step_state",
     "timer_state", "to_plain", "type_tag", "wait_state",
 ]

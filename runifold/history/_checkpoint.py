@@ -24,6 +24,7 @@ from runifold.history._events import (
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunRetried,
     RunStarted,
     SignalReceived,
     SignalTimedOut,
@@ -137,6 +138,8 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 phase, result = Phase.COMPLETED, output
             case RunFailed(reason=reason):
                 phase, failure = Phase.FAILED, reason
+            case RunRetried():
+                phase, failure = Phase.RUNNING, None
             case RunCancelled(reason=reason, by=by):
                 phase, failure = Phase.CANCELLED, f"cancelled by {by}: {reason}"
             case _ as unreachable:

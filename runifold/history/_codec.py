@@ -1,7 +1,17 @@
-"""Encoding of events and recorded values (JSON, never pickle)."""
+"""The one codec: how events and recorded values become JSON, and come back.
+
+Every value workflow code receives from a durable call passes through
+:func:`record` (live) or :func:`convert` (replay). Both end in the same
+``convert(plain JSON, annotated type)``, so a live call and a replay hand the
+workflow the same value of the same type. A value whose round trip would not
+give back an equal value (NaN, a tuple or set without an annotation, a
+``datetime`` in an unannotated ``dict``, ...) is refused with a
+:class:`SerializationError` before anything is committed.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeVar
 
 import msgspec
@@ -15,10 +25,52 @@ _encoder = msgspec.json.Encoder()
 _event_decoder = msgspec.json.Decoder(AnyEvent)
 _any_decoder = msgspec.json.Decoder()
 
+_ENCODE_ERRORS = (TypeError, msgspec.EncodeError, OverflowError, UnicodeEncodeError, ValueError)
+_ADVICE = (
+    "return JSON-compatible data (dict, list, str, int, float, bool, None), a msgspec.Struct or a "
+    "dataclass, annotate the return type for others (datetime, UUID, tuple, set, bytes, Decimal), and "
+    "keep large artifacts outside the log, referenced by id"
+)
+
+
+def _non_finite(value: Any) -> bool:
+    """Tell whether ``value`` (builtins) holds a NaN or an infinity anywhere."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_non_finite(v) for v in value)
+    return False
+
+
+def encode_value(value: Any, *, what: str) -> bytes:
+    """Encode ``value`` as JSON, or raise ``SerializationError`` saying why it cannot be recorded.
+
+    NaN and infinities are refused (JSON has no such numbers: they would come
+    back as ``null``), as are strings that are not valid Unicode.
+    """
+    try:
+        raw = _encoder.encode(value)
+    except UnicodeEncodeError as exc:
+        raise SerializationError(
+            f"{what} cannot be recorded: it holds a string that is not valid Unicode ({exc.reason}); "
+            "decode bytes with errors='replace' or pass them as bytes"
+        ) from exc
+    except _ENCODE_ERRORS as exc:
+        raise SerializationError(f"{what} cannot be recorded ({exc}); {_ADVICE}") from exc
+    # invariant: msgspec writes NaN and infinities as null, so only a value with a null can hold one
+    if b"null" in raw and _non_finite(msgspec.to_builtins(value)):
+        raise SerializationError(
+            f"{what} cannot be recorded: it holds NaN or an infinity, which JSON cannot represent; "
+            "return None or a string for a missing or unbounded number"
+        )
+    return raw
+
 
 def encode_event(event: AnyEvent) -> bytes:
     """Encode an event as the JSON stored in a row."""
-    return _encoder.encode(event)
+    return encode_value(event, what=f"event {type(event).__name__} of {event.key or 'the run'}")
 
 
 def decode_event(raw: bytes | str, *, where: str = "") -> AnyEvent:
@@ -33,26 +85,62 @@ def decode_event(raw: bytes | str, *, where: str = "") -> AnyEvent:
 
 
 def to_plain(value: Any, *, what: str) -> Any:
-    """Return ``value`` as JSON-compatible builtins, or raise ``SerializationError``."""
-    try:
-        # a JSON round trip: exactly what a replay will see (tuples become lists, ...)
-        return _any_decoder.decode(_encoder.encode(value))
-    except (TypeError, msgspec.EncodeError, OverflowError) as exc:
-        raise SerializationError(
-            f"{what} cannot be recorded ({exc}); return JSON-compatible data (dict, list, str, "
-            "int, float, bool, None), a msgspec.Struct or a dataclass, and keep large artifacts "
-            "outside the log, referenced by id"
-        ) from exc
+    """Return ``value`` as the JSON builtins a replay will read back, or raise ``SerializationError``."""
+    return _any_decoder.decode(encode_value(value, what=what))
 
 
 def convert(value: Any, type_: Any, *, what: str) -> Any:
-    """Convert recorded builtins back to ``type_``, as a live call would have returned."""
+    """Convert recorded JSON builtins to ``type_``: what workflow code receives, live or replayed."""
     if type_ is Any:
         return value
     try:
         return msgspec.convert(value, type_, strict=False)
     except msgspec.ValidationError as exc:
         raise SerializationError(
-            f"recorded value of {what} does not fit its annotated type {type_!r} ({exc}); "
-            "the return type changed incompatibly: register the change as a new version"
+            f"recorded value of {what} does not fit its annotated type {_name(type_)} ({exc}); "
+            "the type changed incompatibly: register the change as a new version"
         ) from exc
+
+
+def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
+    """Return ``(plain, live)``: the JSON builtins to record, and what workflow code receives.
+
+    ``live`` is ``convert(plain, type_)``, exactly what a replay of ``plain``
+    gives, so live and replayed calls return equal values of one type.
+
+    Raises:
+        SerializationError: ``value`` cannot be encoded, does not fit
+            ``type_``, or would not come back equal (information would be lost).
+    """
+    plain = to_plain(value, what=what)
+    try:
+        live = msgspec.convert(plain, type_, strict=False) if type_ is not Any else plain
+    except msgspec.ValidationError as exc:
+        raise SerializationError(
+            f"{what} returned a {type(value).__name__} that does not fit its annotated type "
+            f"{_name(type_)} ({exc}); return that type or fix the annotation"
+        ) from exc
+    try:
+        same = bool(live == value)
+    except Exception:  # a value whose == raises (arrays, ...) cannot be checked, so not trusted
+        same = False
+    if not same:
+        hint = (
+            f"annotate the return type (e.g. -> {type(value).__name__}) or return plain JSON data"
+            if type_ is Any
+            else f"return a value of type {_name(type_)} that compares equal after a JSON round trip"
+        )
+        raise SerializationError(
+            f"{what} returned {_describe(value)}, which would come back from the log as "
+            f"{_describe(live)}; a replay must see what the live call saw: {hint}"
+        )
+    return plain, live
+
+
+def _name(type_: Any) -> str:
+    return getattr(type_, "__name__", None) or repr(type_)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

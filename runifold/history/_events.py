@@ -37,6 +37,8 @@ class StepFailed(Event, frozen=True, tag="step_failed", kw_only=True):
     error: str
     attempt: int
     retry_at: float | None = None  # None: retries exhausted, the failure is final
+    error_type: str = ""  # the exception's qualified class name
+    traceback: str = ""  # bounded: the last frames of the body's traceback
 
 
 class EffectStarted(Event, frozen=True, tag="effect_started", kw_only=True):
@@ -53,6 +55,8 @@ class EffectFailed(Event, frozen=True, tag="effect_failed", kw_only=True):
     error: str
     attempt: int
     retry_at: float | None = None
+    error_type: str = ""
+    traceback: str = ""
 
 
 class Verdict(enum.StrEnum):
@@ -67,6 +71,7 @@ class EffectReconciled(Event, frozen=True, tag="effect_reconciled", kw_only=True
     verdict: Verdict
     output: Any = None
     detail: str = ""
+    retry_at: float | None = None  # NOT_APPLIED: when the next attempt may run (None: at once)
 
 
 class EffectAmbiguous(Event, frozen=True, tag="effect_ambiguous", kw_only=True):
@@ -129,6 +134,17 @@ class RunCompleted(Event, frozen=True, tag="run_completed", kw_only=True):
 
 
 class RunFailed(Event, frozen=True, tag="run_failed", kw_only=True):
+    """The run failed. ``key`` names the call whose failure ended it, if one did."""
+
+    reason: str
+    error_type: str = ""
+    traceback: str = ""
+
+
+class RunRetried(Event, frozen=True, tag="run_retried", kw_only=True):
+    """An operator continued a failed run. ``key``: the failed call that gets another attempt, if any."""
+
+    by: str
     reason: str
 
 
@@ -156,6 +172,7 @@ AnyEvent = (
     | SignalTimedOut
     | RunCompleted
     | RunFailed
+    | RunRetried
     | RunCancelled
 )
 

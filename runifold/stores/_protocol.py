@@ -36,6 +36,7 @@ class RunStatus(enum.StrEnum):
     RUNNING = "running"
     WAITING = "waiting"
     PARKED = "parked"
+    DIVERGED = "diverged"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -146,6 +147,8 @@ class Claim(msgspec.Struct, frozen=True):
     history: list[StoredEvent]
     inbox: list[InboxSignal]
     received: float = msgspec.field(default_factory=time.monotonic)
+    #: how many times a claim took this run over from a worker whose lease had expired
+    recoveries: int = 0
 
 
 class Continue(msgspec.Struct, frozen=True, tag="continue"):
@@ -160,7 +163,7 @@ class Finish(msgspec.Struct, frozen=True, tag="finish"):
 
 
 class Suspend(msgspec.Struct, frozen=True, tag="suspend"):
-    """The run waits (WAITING: for ``wake_at`` or ``signals``) or is PARKED."""
+    """The run waits (WAITING: for ``wake_at`` or ``signals``), is PARKED, or DIVERGED (tried again at ``wake_at``)."""
 
     status: RunStatus
     wake_at: float | None = None
@@ -364,7 +367,8 @@ def transition_columns(transition: Transition) -> RunColumns | None:
         case Finish(status=status, reason=reason):
             return RunColumns(status, None, (), reason)
         case Suspend(status=status, wake_at=wake_at, signals=signals, reason=reason):
-            return RunColumns(status, wake_at if status is RunStatus.WAITING else None, signals, reason)
+            timed = status in (RunStatus.WAITING, RunStatus.DIVERGED)
+            return RunColumns(status, wake_at if timed else None, signals, reason)
         case Reschedule(at=at, reason=reason):
             return RunColumns(RunStatus.READY, at, (), reason)
     raise AssertionError(f"unknown transition {transition!r}")

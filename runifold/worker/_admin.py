@@ -26,7 +26,7 @@ from runifold.stores import CommitResult, EventRow, RunStatus, WorkflowStore
 
 log = structlog.get_logger("runifold.admin")
 
-_UNFINISHED = {RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED}
+_UNFINISHED = {RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED}
 
 
 async def _history(store: WorkflowStore, run_ref: str) -> list[Entry]:

@@ -11,7 +11,6 @@ from typing import final
 import structlog
 
 from runifold.errors import ConfigurationError, RunifoldError
-from runifold.stores import Claim
 from runifold.worker._outcome import DefinitionUnavailable, Idle, Outcome
 from runifold.worker._worker import WorkflowWorker
 
@@ -23,8 +22,7 @@ class Supervisor:
     """Runs up to ``concurrency`` runs at once until asked to stop.
 
     Each slot claims a run, drives it (with its own lease renewal), and claims
-    the next, starting that claim as the current run's final commit starts so
-    the two round trips overlap; a run that fails does not stop the others.
+    the next; a run that fails does not stop the others.
     Idle slots wait on the store (PostgreSQL wakes them at once by
     notification; other stores poll every ``idle_wait``), one of them at a
     time: a slot that claims a run wakes the next idle one, so a burst of
@@ -88,52 +86,24 @@ class Supervisor:
 
     async def _slot(self, index: int) -> None:
         failures = 0
-        # the next run's claim, started as the current run's final commit starts: the two
-        # round trips overlap instead of following each other
-        ahead: asyncio.Task[Claim | None] | None = None
-
-        def claim_ahead() -> None:
-            nonlocal ahead
-            if ahead is None and not self._stopping.is_set():
-                ahead = asyncio.create_task(self.worker._claim())
-
-        try:
-            while not self._stopping.is_set():
-                try:
-                    if ahead is not None:
-                        await asyncio.wait({ahead})  # if cancelled here, `ahead` is handed back below
-                        task, ahead = ahead, None
-                        claim = task.result()
-                    else:
-                        claim = await self.worker._claim()
-                    if claim is not None and self._stopping.is_set():
-                        await self.worker.store.release(claim.lease)  # claimed as the stop came: hand it back
-                        break
-                    if claim is not None:
-                        self._kick.set()  # more may be due: the next idle slot claims now, not after this run
-                    outcome = Idle() if claim is None else await self.worker._drive(claim, claim_ahead)
-                    failures = 0
-                except RunifoldError as exc:
-                    failures += 1
-                    self.log.error("run_once_failed", slot=index, error=str(exc))
-                    await self._pause(min(0.1 * 2**failures, 5.0))
-                    continue
-                self._count(outcome)
-                if isinstance(outcome, (Idle, DefinitionUnavailable)):
-                    await self._idle()
-        finally:
-            if ahead is not None:
-                await self._hand_back(ahead)
-
-    async def _hand_back(self, ahead: asyncio.Task[Claim | None]) -> None:
-        """Release a run claimed ahead that the slot will not drive (it is stopping)."""
-        try:
-            claim = await ahead
-            if claim is not None:
-                await self.worker.store.release(claim.lease)
-        except RunifoldError as exc:
-            # the run's lease expires on its own and another worker takes it
-            self.log.warning("claim_ahead_not_released", error=str(exc))
+        while not self._stopping.is_set():
+            try:
+                claim = await self.worker._claim()
+                if claim is not None and self._stopping.is_set():
+                    await self.worker.store.release(claim.lease)  # claimed as the stop came: hand it back
+                    break
+                if claim is not None:
+                    self._kick.set()  # more may be due: the next idle slot claims now, not after this run
+                outcome = Idle() if claim is None else await self.worker._drive(claim)
+                failures = 0
+            except RunifoldError as exc:
+                failures += 1
+                self.log.error("run_once_failed", slot=index, error=str(exc))
+                await self._pause(min(0.1 * 2**failures, 5.0))
+                continue
+            self._count(outcome)
+            if isinstance(outcome, (Idle, DefinitionUnavailable)):
+                await self._idle()
 
     def _count(self, outcome: Outcome) -> None:
         name = type(outcome).__name__

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
 from typing import final
 
@@ -69,8 +68,8 @@ class WorkflowWorker:
     async def _claim(self) -> Claim | None:
         return await self.store.claim(str(self.worker_id), self.registry.names(), self.lease.seconds, self._skipped)
 
-    async def _drive(self, claim: Claim, ending: Callable[[], None] | None = None) -> Outcome:
-        """Drive a claimed run; ``ending`` is called as its final commit starts (not at all if it has none)."""
+    async def _drive(self, claim: Claim) -> Outcome:
+        """Drive a claimed run."""
         definition = self.registry.get(claim.name, claim.version)
         if definition is None:
             # invariant: the run is handed back untouched for a worker that has this version
@@ -81,7 +80,7 @@ class WorkflowWorker:
             return DefinitionUnavailable(claim.run_id, claim.name, claim.version)
         try:
             execution = Execution(self.store, claim, definition, str(self.worker_id), self.lease.seconds,
-                                  self.renew_every.total_seconds(), ending)
+                                  self.renew_every.total_seconds())
         except SerializationError:
             await self.store.release(claim.lease)
             self._skip(claim.run_id)
