@@ -63,6 +63,7 @@ from runifold.worker import (
     check_compatibility,
     replay_run,
     resolve_effect,
+    retry_run,
 )
 
 __all__ = [
@@ -129,6 +130,7 @@ __all__ = [
     "open_store",
     "replay_run",
     "resolve_effect",
+    "retry_run",
     "sign",
     "step",
     "workflow",

@@ -1,6 +1,6 @@
 """Workers: the registry, value types, outcomes, ``WorkflowWorker`` and ``Supervisor``."""
 
-from runifold.worker._admin import cancel_run, resolve_effect
+from runifold.worker._admin import cancel_run, resolve_effect, retry_run
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
 from runifold.worker._outcome import (
     Completed,
@@ -20,5 +20,5 @@ from runifold.worker._worker import WorkflowWorker
 
 __all__ = [
     "Completed", "DefinitionUnavailable", "ReplayReport", "check_compatibility", "replay_run", "Failed", "Idle", "LeaseDuration", "LeaseLost", "Outcome",
-    "Retried", "Supervisor", "Suspended", "SuspendReason", "WorkerId", "WorkflowRegistry", "WorkflowWorker", "cancel_run", "resolve_effect",
+    "Retried", "Supervisor", "Suspended", "SuspendReason", "WorkerId", "WorkflowRegistry", "WorkflowWorker", "cancel_run", "resolve_effect", "retry_run",
 ]

@@ -16,6 +16,8 @@ from runifold.history import (
     Entry,
     Resolution,
     RunCancelled,
+    RunFailed,
+    RunRetried,
     decode_event,
     effect_state,
     fold,
@@ -76,12 +78,44 @@ async def resolve_effect(
 async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str) -> CommitResult:
     """Cancel an unfinished run: append ``run_cancelled`` and fence off any worker holding it.
 
+    Cancelling a run that is already cancelled changes nothing and returns its
+    current revision (so a repeated cancel is safe).
+
     Raises:
-        InvalidStateError: the run already finished.
+        InvalidStateError: the run completed or failed.
     """
     if not by or not reason:
         raise InvalidStateError("cancelling a run needs `by` (who) and `reason` (why); both go into the history")
+    info = await store.get_run(run_ref)
+    if info.status is RunStatus.CANCELLED:
+        return CommitResult(info.revision, info.updated_at)
     event = RunCancelled(by=by, reason=reason)
     result = await store.intervene(run_ref, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED)
     log.info("run_cancelled", run_ref=run_ref, by=by)
+    return result
+
+
+async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str) -> CommitResult:
+    """Continue a failed run from its history, recording who decided and why.
+
+    Appends ``run_retried`` and makes the run claimable at once. The replay
+    returns every recorded result as before; the call whose failure ended the
+    run (a step or effect that ran out of attempts), if any, gets another
+    attempt. A run that failed in workflow code runs that code again, so deploy
+    the fix first (compatible with the history, or the run diverges).
+
+    Raises:
+        InvalidStateError: the run has not failed.
+    """
+    if not by or not reason:
+        raise InvalidStateError("retrying a run needs `by` (who) and `reason` (why); both go into the history")
+    history = await _history(store, run_ref)
+    last = history[-1].event
+    if not isinstance(last, RunFailed):
+        raise InvalidStateError(
+            f"run {run_ref} has not failed ({fold(history).phase}); only failed runs can be retried"
+        )
+    event = RunRetried(key=last.key, by=by, reason=reason)
+    result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY)
+    log.info("run_retried", run_ref=run_ref, key=last.key, by=by)
     return result
