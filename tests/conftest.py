@@ -82,12 +82,3 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
 async def store(open_store: StoreFactory) -> Any:
     """One fresh store of each kind."""
     return await open_store()
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Keep test output readable: the library logs at debug and info, tests show warnings and up."""
-    import logging
-
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))

@@ -31,7 +31,7 @@ from typing import Any, TypeVar, final
 
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
-import structlog
+from runifold._log import get_logger
 
 from runifold.errors import (
     EnqueueConflictError,
@@ -65,7 +65,7 @@ from runifold.stores._protocol import (
 )
 
 T = TypeVar("T")
-log = structlog.get_logger("runifold.stores.postgres")
+log = get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
 #: the application_name of the connection that sends commit batches (see pg_stat_activity)

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, NamedTuple, TypeVar, final
 
 import msgspec
-import structlog
+from runifold._log import get_logger
 
 from runifold.errors import (
     EnqueueConflictError,
@@ -63,7 +63,7 @@ from runifold.stores._thread import ConnectionThread, Outcome
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
-log = structlog.get_logger("runifold.stores.sqlite")
+log = get_logger("runifold.stores.sqlite")
 
 _BUSY = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_BUSY_SNAPSHOT", "SQLITE_BUSY_RECOVERY", "SQLITE_LOCKED_SHAREDCACHE"}
 _RUN_COLUMNS = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
+from runifold._log import get_logger
 
 from runifold.errors import InvalidStateError
 from runifold.history import (
@@ -26,7 +26,7 @@ from runifold.history import (
 from runifold.history import EffectResolved as EffectResolvedEvent
 from runifold.stores import CommitResult, EventRow, RunStatus, WorkflowStore
 
-log = structlog.get_logger("runifold.admin")
+log = get_logger("runifold.admin")
 
 _UNFINISHED = {RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED}
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, assert_never
 
-import structlog
+from runifold._log import get_logger
 
 from runifold.dsl import Evidence, ResumePolicy, WorkflowContext, WorkflowDefinition
 from runifold.dsl._context import Binding, Scope, current
@@ -109,7 +109,7 @@ from runifold.worker._outcome import (
 from runifold.worker._registry import bind_input
 from runifold.worker._scope import install_scoped_task_factory
 
-log = structlog.get_logger("runifold.worker")
+log = get_logger("runifold.worker")
 
 # How long a run whose code diverged from its history waits before it is tried again.
 DIVERGED_RETRY_SECONDS = 60.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import final
 
-import structlog
+from runifold._log import get_logger
 
 from runifold.errors import ConfigurationError, SerializationError
 from runifold.stores import Claim, WorkflowStore
@@ -14,7 +14,7 @@ from runifold.worker._outcome import DefinitionUnavailable, Idle, Outcome
 from runifold.worker._registry import WorkflowRegistry
 from runifold.worker._values import LeaseDuration, WorkerId
 
-log = structlog.get_logger("runifold.worker")
+log = get_logger("runifold.worker")
 
 # Runs this worker cannot execute (version not registered, corrupt history) are
 # skipped by later claims; the set is bounded so a long-lived worker cannot grow.
