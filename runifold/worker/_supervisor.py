@@ -8,13 +8,14 @@ import signal
 from datetime import timedelta
 from typing import final
 
-import structlog
+from runifold._log import get_logger
 
 from runifold.errors import ConfigurationError, RunifoldError
-from runifold.worker._outcome import DefinitionUnavailable, Idle, Outcome
+from runifold.stores import Claim
+from runifold.worker._outcome import DefinitionUnavailable, Idle
 from runifold.worker._worker import WorkflowWorker
 
-log = structlog.get_logger("runifold.supervisor")
+log = get_logger("runifold.supervisor")
 
 
 @final
@@ -22,14 +23,22 @@ class Supervisor:
     """Runs up to ``concurrency`` runs at once until asked to stop.
 
     Each slot claims a run, drives it (with its own lease renewal), and claims
-    the next; a run that fails does not stop the others.
+    the next; a run that fails does not stop the others. A slot survives any
+    exception from the store or from a run: it logs it with its traceback at
+    error, counts it in :attr:`outcomes` (``"Error"`` for a runifold error,
+    ``"UnexpectedError"`` for any other exception), releases the run's lease
+    if it holds one, backs off (up to 5 s) and carries on.
     Idle slots wait on the store (PostgreSQL wakes them at once by
     notification; other stores poll every ``idle_wait``), one of them at a
     time: a slot that claims a run wakes the next idle one, so a burst of
     work fans out over the slots one claim after another. On SIGTERM or
     SIGINT (or :meth:`stop`) it stops claiming, gives in-flight runs ``grace``
     to finish, then cancels them and releases their leases so other workers
-    continue them at once.
+    continue them at once. A second SIGTERM or SIGINT (or ``stop(now=True)``)
+    cancels the runs still in flight at once.
+
+    :attr:`outcomes` counts what the slots saw, by outcome class name
+    (``Completed``, ``Idle``, ...) plus ``Error`` and ``UnexpectedError``.
     """
 
     def __init__(
@@ -47,6 +56,7 @@ class Supervisor:
         self.idle_wait = idle_wait.total_seconds()
         self.grace = grace.total_seconds()
         self._stopping = asyncio.Event()
+        self._stop_now = asyncio.Event()
         # invariant: at most one idle slot waits on the store; a slot that claims work
         # kicks the next idle slot, so a burst fans out without a thundering herd
         self._poll_lock = asyncio.Lock()
@@ -54,9 +64,20 @@ class Supervisor:
         self.outcomes: dict[str, int] = {}
         self.log = log.bind(worker_id=str(worker.worker_id))
 
-    def stop(self) -> None:
-        """Stop claiming new runs; :meth:`run` returns after in-flight runs end or the grace period."""
+    def stop(self, *, now: bool = False) -> None:
+        """Stop claiming new runs; :meth:`run` returns after in-flight runs end or the grace period.
+
+        Args:
+            now: cancel the runs in flight at once instead of after the grace
+                period (their leases are released, so other workers continue them).
+        """
+        if now:
+            self._stop_now.set()
         self._stopping.set()
+
+    def _on_signal(self) -> None:
+        # the first signal stops gracefully, a second one stops at once
+        self.stop(now=self._stopping.is_set())
 
     async def run(self, *, handle_signals: bool = True) -> None:
         """Run until :meth:`stop` or SIGTERM/SIGINT."""
@@ -65,15 +86,22 @@ class Supervisor:
         if handle_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                    loop.add_signal_handler(sig, self.stop)
+                    loop.add_signal_handler(sig, self._on_signal)
                     installed.append(sig)
         self.log.info("supervisor_started", concurrency=self.concurrency)
         slots = [asyncio.create_task(self._slot(i)) for i in range(self.concurrency)]
         try:
             await self._stopping.wait()
             self.log.info("supervisor_stopping", grace=self.grace)
-            _, pending = await asyncio.wait(slots, timeout=self.grace)
-            for task in pending:
+            ended = asyncio.ensure_future(asyncio.wait(slots))  # cancelling this wait leaves the slots be
+            now = asyncio.ensure_future(self._stop_now.wait())
+            try:
+                await asyncio.wait([ended, now], timeout=self.grace, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ended.cancel()
+                now.cancel()
+                await asyncio.gather(ended, now, return_exceptions=True)
+            for task in slots:
                 task.cancel()  # an execution releases its lease when cancelled
             await asyncio.gather(*slots, return_exceptions=True)
         finally:
@@ -87,6 +115,7 @@ class Supervisor:
     async def _slot(self, index: int) -> None:
         failures = 0
         while not self._stopping.is_set():
+            claim: Claim | None = None
             try:
                 claim = await self.worker._claim()
                 if claim is not None and self._stopping.is_set():
@@ -95,18 +124,30 @@ class Supervisor:
                 if claim is not None:
                     self._kick.set()  # more may be due: the next idle slot claims now, not after this run
                 outcome = Idle() if claim is None else await self.worker._drive(claim)
+                claim = None  # driven to an outcome: the run is no longer this slot's to hand back
                 failures = 0
-            except RunifoldError as exc:
+                self._count(type(outcome).__name__)
+                if isinstance(outcome, (Idle, DefinitionUnavailable)):
+                    await self._idle()
+            except Exception as exc:  # noqa: BLE001 - a slot outlives anything a run or the store raises
                 failures += 1
-                self.log.error("run_once_failed", slot=index, error=str(exc))
+                await self._survive(index, claim, exc)
                 await self._pause(min(0.1 * 2**failures, 5.0))
-                continue
-            self._count(outcome)
-            if isinstance(outcome, (Idle, DefinitionUnavailable)):
-                await self._idle()
 
-    def _count(self, outcome: Outcome) -> None:
-        name = type(outcome).__name__
+    async def _survive(self, index: int, claim: Claim | None, exc: Exception) -> None:
+        """Log and count an exception that ended a slot's turn, and hand back the run it held."""
+        expected = isinstance(exc, RunifoldError)
+        self._count("Error" if expected else "UnexpectedError")
+        run = {} if claim is None else {"run_id": claim.run_id, "checkpoint_id": claim.checkpoint_id}
+        self.log.error("slot_error" if expected else "slot_unexpected_error", slot=index, **run,
+                       error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+        if claim is not None:
+            try:  # a run whose lease is gone (committed, fenced off) is left as the store has it
+                await self.worker.store.release(claim.lease)
+            except Exception as release_exc:  # noqa: BLE001 - the lease then expires on its own
+                self.log.warning("release_failed", slot=index, run_id=claim.run_id, error=str(release_exc))
+
+    def _count(self, name: str) -> None:
         self.outcomes[name] = self.outcomes.get(name, 0) + 1
 
     async def _idle(self) -> None:
@@ -127,3 +168,4 @@ class Supervisor:
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
+

@@ -1,0 +1,120 @@
+"""A Supervisor's slots survive whatever a run or the store raises, and a second stop ends in-flight runs at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from runifold import RunStatus, StoreUnavailableError, Supervisor, WorkflowContext, WorkflowDefinition, WorkflowTask, step, workflow
+from runifold.stores.memory import MemoryWorkflowStore
+from tests.support import worker
+
+
+@workflow("self-referencing")
+async def self_referencing(ctx: WorkflowContext) -> list[Any]:
+    value: list[Any] = []
+    value.append(value)  # cannot be encoded: serialising it raises RecursionError, not a runifold error
+    return value
+
+
+@step()
+async def add(n: int) -> int:
+    return n + 1
+
+
+@workflow("good")
+async def good(ctx: WorkflowContext, n: int) -> int:
+    return await add(n)
+
+
+@step()
+async def forever() -> None:
+    await asyncio.sleep(3600)
+
+
+@workflow("endless")
+async def endless(ctx: WorkflowContext) -> None:
+    await forever()
+
+
+async def wait_status(store: Any, ref: str, status: RunStatus) -> None:
+    while (await store.get_run(ref)).status is not status:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_slot_survives_an_exception_that_is_not_a_runifold_error(caplog: pytest.LogCaptureFixture) -> None:
+    """A run raising a non-runifold exception is logged with its traceback, counted and released; the slot goes on."""
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("self-referencing", 1, {}, checkpoint_id="poison"))
+    await store.enqueue(WorkflowTask("good", 1, {"n": 1}, checkpoint_id="fine"))
+    supervisor = Supervisor(worker(store, WorkflowDefinition(self_referencing), WorkflowDefinition(good)), 1,
+                            idle_wait=timedelta(seconds=0.05))
+    with caplog.at_level(logging.ERROR, logger="runifold"):
+        running = asyncio.create_task(supervisor.run(handle_signals=False))
+        try:
+            # one slot: the good run completes only if the slot outlived the poison run
+            await asyncio.wait_for(wait_status(store, "fine", RunStatus.COMPLETED), 10)
+        finally:
+            supervisor.stop()
+            await asyncio.wait_for(running, 10)
+    assert supervisor.outcomes.get("UnexpectedError", 0) >= 1 and supervisor.outcomes.get("Completed") == 1
+    record = next(r for r in caplog.records if getattr(r, "event", "") == "slot_unexpected_error")
+    assert record.levelno == logging.ERROR and record.run_id == (await store.get_run("poison")).run_id  # type: ignore[attr-defined]
+    assert record.exc_info is not None and record.exc_info[0] is RecursionError
+    poison = await store.get_run("poison")
+    assert poison.status is RunStatus.READY and poison.lease_owner is None  # released, not left to its lease
+
+
+class _FlakyClaims:
+    """A store whose first claim fails as if the database were unreachable."""
+
+    def __init__(self, store: MemoryWorkflowStore) -> None:
+        self._store = store
+        self.failed = False
+
+    async def claim(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.failed:
+            self.failed = True
+            raise StoreUnavailableError("database is down")
+        return await self._store.claim(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_store_error_is_counted_and_the_slot_claims_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A runifold error from the store is logged at error, counted as Error, and the slot claims again after a pause."""
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("good", 1, {"n": 1}, checkpoint_id="fine"))
+    flaky = _FlakyClaims(store)
+    supervisor = Supervisor(worker(flaky, WorkflowDefinition(good)), 1, idle_wait=timedelta(seconds=0.05))
+    with caplog.at_level(logging.ERROR, logger="runifold"):
+        running = asyncio.create_task(supervisor.run(handle_signals=False))
+        try:
+            await asyncio.wait_for(wait_status(store, "fine", RunStatus.COMPLETED), 10)
+        finally:
+            supervisor.stop()
+            await asyncio.wait_for(running, 10)
+    assert supervisor.outcomes.get("Error") == 1 and supervisor.outcomes.get("Completed") == 1
+    assert [getattr(r, "event", "") for r in caplog.records] == ["slot_error"]
+
+
+async def test_stop_now_cancels_in_flight_runs_and_releases_them() -> None:
+    """After a graceful stop, stop(now=True) ends runs in flight at once (not after the grace) and releases their leases."""
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("endless", 1, {}, checkpoint_id="e1"))
+    supervisor = Supervisor(worker(store, WorkflowDefinition(endless), lease=600), 2,
+                            idle_wait=timedelta(seconds=0.05), grace=timedelta(hours=1))
+    running = asyncio.create_task(supervisor.run(handle_signals=False))
+    await asyncio.wait_for(wait_status(store, "e1", RunStatus.RUNNING), 10)
+    supervisor.stop()
+    await asyncio.sleep(0.1)
+    assert not running.done()  # the first stop waits for the run, up to the hour of grace
+    supervisor.stop(now=True)
+    await asyncio.wait_for(running, 10)
+    run = await store.get_run("e1")
+    assert run.status is RunStatus.READY and run.lease_owner is None
