@@ -41,7 +41,7 @@ from runifold.errors import (
     WorkflowError,
 )
 from runifold.history import Checkpoint, Phase, Resolution, Usage
-from runifold.signals import Authenticator, HmacKeyRing, SignalEnvelope, SignalGateway, sign
+from runifold.signals import Authenticator, HmacKeyRing, SignalEnvelope, SignalGateway, SignalLimits, sign
 from runifold.stores import RunInfo, RunStatus, WorkflowStore, WorkflowTask, open_store
 from runifold.worker import (
     Completed,
@@ -106,6 +106,7 @@ __all__ = [
     "SignalConflictError",
     "SignalEnvelope",
     "SignalGateway",
+    "SignalLimits",
     "SignalRejectedError",
     "StepFailedError",
     "StoreError",

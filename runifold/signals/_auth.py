@@ -3,22 +3,37 @@
 The signature covers canonical bytes of: the scheme version, key id, sender,
 target run, signal name, signal id, timestamp, reason and the SHA-256 of the
 payload's canonical JSON. Verification compares with ``hmac.compare_digest``
-and refuses timestamps outside a freshness window judged on the *store's*
-clock. Secrets never leave the key ring: audits record key ids only.
+and refuses timestamps that are not finite or lie outside a freshness window
+judged on the *store's* clock. Secrets never leave the key ring: audits record
+key ids only.
+
+Key files are JSON lists of ``{"key_id", "sender", "secret" (base64),
+"revoked"?}``. The same format serves a sender's own key file (it signs) and
+the deployment's key ring (the receiving side verifies against it); both hold
+secrets, so they are written readable by their owner only, and loading one
+that others may read logs a warning.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
+import math
+import os
 import secrets
+import stat
+import tempfile
 from dataclasses import dataclass
 from typing import Any, Protocol, final
 
 import msgspec
 
+from runifold._log import get_logger
 from runifold.errors import ConfigurationError, SignalRejectedError
+
+log = get_logger("runifold.signals")
 
 SCHEME = "runifold-hmac-sha256-v1"
 
@@ -67,11 +82,25 @@ class KeyFileEntry(msgspec.Struct, frozen=True):
     revoked: bool = False
 
 
+class KeyInfo(msgspec.Struct, frozen=True):
+    """A key of a ring as it may be shown: never its secret."""
+
+    key_id: str
+    sender: str
+    revoked: bool
+
+
 @dataclass(frozen=True)
 class _Key:
     sender: str
     secret: bytes
     revoked: bool = False
+
+
+def _check_name(what: str, value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > 200 or not value.isprintable():
+        raise ConfigurationError(f"a {what} must be 1-200 printable characters, got {value!r}")
+    return value
 
 
 @final
@@ -83,13 +112,15 @@ class HmacKeyRing:
     """
 
     def __init__(self, freshness: float = 300.0) -> None:
-        if freshness <= 0:
-            raise ConfigurationError("freshness must be a positive number of seconds")
+        if not (isinstance(freshness, (int, float)) and math.isfinite(freshness) and freshness > 0):
+            raise ConfigurationError(f"freshness must be a positive, finite number of seconds, got {freshness!r}")
         self.freshness = freshness
         self._keys: dict[str, _Key] = {}
 
     def add(self, key_id: str, sender: str, secret: bytes) -> None:
         """Register ``secret`` (at least 16 bytes) for ``sender`` under ``key_id``."""
+        _check_name("key id", key_id)
+        _check_name("sender", sender)
         if key_id in self._keys:
             raise ConfigurationError(f"key id {key_id!r} already exists; key ids are never reused")
         if len(secret) < 16:
@@ -98,26 +129,96 @@ class HmacKeyRing:
 
     def revoke(self, key_id: str) -> None:
         """Refuse every signal signed with ``key_id`` from now on."""
-        key = self._keys[key_id]
+        key = self._keys.get(key_id)
+        if key is None:
+            known = ", ".join(self._keys) or "none"
+            raise ConfigurationError(f"no key id {key_id!r} in the key ring (key ids: {known})")
         self._keys[key_id] = _Key(key.sender, key.secret, revoked=True)
+
+    def keys(self) -> list[KeyInfo]:
+        """Return every key's id, sender and whether it is revoked, in the order they were added."""
+        return [KeyInfo(key_id, key.sender, key.revoked) for key_id, key in self._keys.items()]
+
+    def merge(self, other: HmacKeyRing) -> list[str]:
+        """Add every key of ``other`` (revoked ones stay revoked); return their key ids.
+
+        Raises:
+            ConfigurationError: a key id of ``other`` is already in this ring (key ids are never reused).
+        """
+        clash = sorted(set(self._keys) & set(other._keys))
+        if clash:
+            raise ConfigurationError(f"key id(s) {', '.join(clash)} already in the key ring; key ids are never reused")
+        self._keys.update(other._keys)
+        return list(other._keys)
 
     @classmethod
     def from_file(cls, path: str, freshness: float = 300.0) -> HmacKeyRing:
         """Load a key ring from a JSON file: a list of ``{"key_id", "sender", "secret", "revoked"?}``.
 
-        ``secret`` is base64. Keep the file readable by the workers and senders only.
+        ``secret`` is base64. Keep the file readable by its owner only: a file
+        that its group or others may read is loaded with a warning.
+
+        Raises:
+            ConfigurationError: the file cannot be read or is not a list of valid key entries.
         """
-        with open(path, "rb") as f:
-            try:
-                entries = msgspec.json.decode(f.read(), type=list[KeyFileEntry])
-            except msgspec.DecodeError as exc:
-                raise ConfigurationError(f"key file {path} is not a list of key entries: {exc}") from exc
+        try:
+            with open(path, "rb") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                raw = f.read()
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
+        if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("key_file_not_private", path=path, mode=oct(stat.S_IMODE(mode)),
+                        fix=f"chmod 600 {path}: it holds secrets")
+        try:
+            entries = msgspec.json.decode(raw, type=list[KeyFileEntry])
+        except msgspec.DecodeError as exc:
+            raise ConfigurationError(f"key file {path} is not a JSON list of key entries "
+                                     f'{{"key_id", "sender", "secret", "revoked"?}}: {exc}') from exc
         ring = cls(freshness)
         for entry in entries:
-            ring.add(entry.key_id, entry.sender, base64.b64decode(entry.secret))
+            try:
+                secret = base64.b64decode(entry.secret, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise ConfigurationError(f"key file {path}: the secret of {entry.key_id!r} is not base64") from exc
+            try:
+                ring.add(entry.key_id, entry.sender, secret)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"key file {path}: {exc}") from exc
             if entry.revoked:
                 ring.revoke(entry.key_id)
         return ring
+
+    def to_file(self, path: str, *, overwrite: bool = True) -> None:
+        """Write the ring to ``path`` (mode 0600) in the format :meth:`from_file` reads.
+
+        The file is replaced atomically: a reader sees the old ring or the new one.
+
+        Raises:
+            ConfigurationError: ``overwrite`` is false and ``path`` exists, or it cannot be written.
+        """
+        entries = [KeyFileEntry(key_id, key.sender, base64.b64encode(key.secret).decode(), key.revoked)
+                   for key_id, key in self._keys.items()]
+        data = msgspec.json.format(msgspec.json.encode(entries), indent=2) + b"\n"
+        try:
+            if not overwrite:  # a new file, never an existing key: O_EXCL refuses a path that exists
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+                    f.write(data)
+                return
+            fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix=".runifold-keys-")
+            try:  # mkstemp creates the file with mode 0600
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(temporary, path)
+            finally:
+                if os.path.exists(temporary):
+                    os.unlink(temporary)
+        except FileExistsError as exc:
+            raise ConfigurationError(f"{path} already exists; choose another file name") from exc
+        except OSError as exc:
+            raise ConfigurationError(f"cannot write key file {path}: {exc.strerror or exc}") from exc
 
     def signing_key(self, sender: str) -> str:
         """Return the newest unrevoked key id of ``sender`` (for signing)."""
@@ -128,7 +229,10 @@ class HmacKeyRing:
 
     def secret_of(self, key_id: str) -> bytes:
         """Return the secret of ``key_id`` (for a sender signing with its own key)."""
-        return self._keys[key_id].secret
+        key = self._keys.get(key_id)
+        if key is None:
+            raise ConfigurationError(f"no key id {key_id!r} in the key ring")
+        return key.secret
 
     @staticmethod
     def new_secret() -> bytes:
@@ -136,6 +240,9 @@ class HmacKeyRing:
         return secrets.token_bytes(32)
 
     def verify(self, envelope: SignalEnvelope, now: float) -> None:
+        timestamp = envelope.timestamp
+        if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+            raise SignalRejectedError("bad_timestamp", f"timestamp must be a finite number of seconds, got {timestamp!r}")
         key = self._keys.get(envelope.key_id)
         if key is None:
             raise SignalRejectedError("unknown_key", f"key id {envelope.key_id!r} is not known")
@@ -146,8 +253,8 @@ class HmacKeyRing:
         expected = sign_bytes(key.secret, envelope)
         if not hmac.compare_digest(expected, envelope.signature.encode()):
             raise SignalRejectedError("bad_signature", "the signature does not match the envelope")
-        skew = envelope.timestamp - now
-        if abs(skew) > self.freshness:
+        skew = timestamp - now
+        if not abs(skew) <= self.freshness:  # written so that a NaN is refused too
             raise SignalRejectedError(
                 "stale" if skew < 0 else "future",
                 f"timestamp is {abs(skew):.0f} s {'old' if skew < 0 else 'in the future'}; the window is ±{self.freshness:g} s "

@@ -54,7 +54,7 @@ def test_public_api_is_pinned() -> None:
         "EnqueueConflictError", "Evidence", "Failed", "HmacKeyRing", "Idle", "InvalidInputError", "InvalidStateError",
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
         "RegistrationError", "ReplayReport", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailure", "RunInfo",
-        "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalRejectedError",
+        "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalLimits", "SignalRejectedError",
         "StepFailedError", "StoreError", "StoreUnavailableError", "Supervisor", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
