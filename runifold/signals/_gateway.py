@@ -55,9 +55,10 @@ class SignalGateway:
         except SignalRejectedError as exc:
             await self._reject(envelope, run.run_id, exc)
             raise
+        # invariant: delivered to the run resolved (and authorised against) above, never looked up again
         receipt = await self.store.deliver_signal(SignalDelivery(
-            envelope.target, envelope.signal_id, envelope.name, envelope.payload, envelope.sender, envelope.key_id,
-            envelope.reason, payload_hash(envelope.payload),
+            envelope.target, run.run_id, envelope.signal_id, envelope.name, envelope.payload, envelope.sender,
+            envelope.key_id, envelope.reason, payload_hash(envelope.payload),
         ))
         log.info("signal_delivered", run_id=receipt.run_id, signal_id=envelope.signal_id, sender=envelope.sender,
                  duplicate=receipt.duplicate)
