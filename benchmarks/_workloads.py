@@ -500,10 +500,16 @@ async def _claim_plan(kind: str, url: str) -> tuple[int, str]:
     return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"]), text
 
 
-async def run_all(kind: str, limits: Limits, scale: float) -> list[Row]:
+BENCHMARKS = {"sequential": sequential, "concurrent": concurrent, "recovery": recovery, "wake": wake_latency,
+              "idle": idle_cost}
+
+
+async def run_all(kind: str, limits: Limits, scale: float, only: list[str] | None = None) -> list[Row]:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="runifold-bench-") as folder:
-        for bench in (sequential, concurrent, recovery, wake_latency, idle_cost):
+        for name, bench in BENCHMARKS.items():
+            if only and name not in only:
+                continue
             bench_app.marks.clear()
             for row in await bench(kind, limits, Path(folder), scale):
                 print(f"[{kind}] {row[0]}: {row[1]} | {row[2]}", flush=True)

@@ -56,13 +56,13 @@ async def main(args: argparse.Namespace) -> None:
         limits = await _limits.measure(kind)
         for line in limits.describe():
             print(f"[{kind}] raw limit: {line}", flush=True)
-        for result in await _workloads.run_all(kind, limits, scale):
+        for result in await _workloads.run_all(kind, limits, scale, args.bench):
             rows.append([kind, *result])
     table = ["| store | benchmark | result | against the raw limit |", "|---|---|---|---|"]
     table += [f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} |" for r in rows]
     text = "\n".join([f"Machine: {machine()}.", "", *table])
     print("\n" + text)
-    if not (args.quick or args.smoke) and args.only is None:
+    if not (args.quick or args.smoke) and args.only is None and args.bench is None:
         readme = ROOT / "benchmarks" / "README.md"
         body = readme.read_text()
         start, end = "<!-- RESULTS -->", "<!-- /RESULTS -->"
@@ -76,4 +76,6 @@ if __name__ == "__main__":
     parser.add_argument("--only", choices=["sqlite", "postgres"])
     parser.add_argument("--quick", action="store_true", help="smaller sizes; does not update the README")
     parser.add_argument("--smoke", action="store_true", help="the smallest sizes (the test suite's smoke run)")
+    parser.add_argument("--bench", action="append", choices=sorted(_workloads.BENCHMARKS),
+                        help="run only this benchmark (repeatable); does not update the README")
     asyncio.run(main(parser.parse_args()))

@@ -88,9 +88,11 @@ class SignalGateway:
             await self._reject(envelope, run, exc)
             raise
         try:
+            # invariant: delivered to the run resolved (and authorised against) above, never looked up again
             receipt = await self.store.deliver_signal(SignalDelivery(
-                envelope.target, envelope.signal_id, envelope.name, envelope.payload, envelope.sender,
-                envelope.key_id, envelope.reason, payload_hash(envelope.payload),
+                run_ref=envelope.target, run_id=run.run_id, signal_id=envelope.signal_id, name=envelope.name,
+                payload=envelope.payload, sender=envelope.sender, key_id=envelope.key_id, reason=envelope.reason,
+                payload_hash=payload_hash(envelope.payload), max_unconsumed=self.limits.max_unconsumed,
             ))
         except SignalRejectedError as exc:  # a reused signal id, a full inbox: the store audited it
             log.warning("signal_rejected", run_id=run.run_id, signal_id=envelope.signal_id, sender=envelope.sender,
@@ -123,4 +125,4 @@ class SignalGateway:
             clip("name", envelope.name), clip("sender", envelope.sender), clip("key_id", envelope.key_id),
             f"rejected:{exc.verdict}", digest, clip("reason", envelope.reason), clip("detail", exc.reason),
             await self.store.now(),
-        ))
+        ), max_per_run=self.limits.max_rejected_per_run)

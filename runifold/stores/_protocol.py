@@ -9,9 +9,16 @@ store keeps, checked by the conformance suite in ``runifold.testing``:
   has not expired on the store's clock, and the revision it read is current;
   otherwise nothing is written and :class:`LeaseLostError` is raised;
 * lease tokens (fencing tokens) of a run only ever grow;
-* a run is claimable when ``due_at <= now``: READY and WAITING runs at their
-  due time, RUNNING runs once their lease expired. PARKED and finished runs
-  have no due time and are never claimed.
+* a run is claimable when ``due_at <= now``: READY, WAITING and DIVERGED runs
+  at their due time, RUNNING runs once their lease expired. PARKED and finished
+  runs have no due time and are never claimed;
+* a run reference is a run id (``run_`` + 24 hex digits, see :func:`new_run_id`)
+  or a checkpoint id, which may not start with ``run_``: the two namespaces
+  never meet, and :func:`ref_column` says which one a reference names. Every
+  operation resolves a reference once and acts on that run id.
+
+What a commit, claim, delivery or operator action does to a run is stated
+once, in :mod:`runifold.stores._rule`.
 """
 
 from __future__ import annotations
@@ -21,12 +28,12 @@ import secrets
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, final
+from typing import Any, Literal, Protocol, final
 
 import msgspec
 
-from runifold.errors import InvalidInputError, InvalidStateError
-from runifold.history import RunStarted, encode_event, to_plain, type_tag
+from runifold.errors import InvalidInputError, InvalidStateError, SerializationError
+from runifold.history import RunStarted, encode_event, encode_value, to_plain, type_tag
 
 
 class RunStatus(enum.StrEnum):
@@ -74,6 +81,17 @@ class WorkflowTask:
             raise InvalidInputError(f"WorkflowTask.input must be a mapping of argument names, got {type(self.input).__name__}")
         if self.checkpoint_id is not None and (not isinstance(self.checkpoint_id, str) or not self.checkpoint_id):
             raise InvalidInputError(f"checkpoint_id must be a non-empty string or None, got {self.checkpoint_id!r}")
+        if self.checkpoint_id is not None and self.checkpoint_id.startswith(RUN_ID_PREFIX):
+            raise InvalidInputError(
+                f"checkpoint_id {self.checkpoint_id!r} starts with {RUN_ID_PREFIX!r}, which is reserved for run ids "
+                "(a reference starting with it always names a run id); choose a checkpoint id without that prefix"
+            )
+        try:
+            check_text(self.name, what="the workflow name")
+            if self.checkpoint_id is not None:
+                check_text(self.checkpoint_id, what="the checkpoint id")
+        except SerializationError as exc:
+            raise InvalidInputError(str(exc)) from exc
         try:
             to_plain(dict(self.input), what="the task input")
         except Exception as exc:
@@ -98,7 +116,10 @@ class EventRow(msgspec.Struct, frozen=True):
 
     @classmethod
     def of(cls, event: Any) -> EventRow:
-        return cls(type_tag(event), event.key, encode_event(event))
+        key: str = event.key
+        if not key.isascii() or "\x00" in key:
+            check_text(key, what="an event key")
+        return cls(type_tag(event), key, encode_event(event))
 
 
 class StoredEvent(msgspec.Struct, frozen=True):
@@ -207,12 +228,20 @@ class RunInfo(msgspec.Struct, frozen=True):
     created_at: float
     updated_at: float
     reason: str
+    #: how many times a claim took this run over from a worker whose lease had expired
+    recoveries: int = 0
 
 
 class SignalDelivery(msgspec.Struct, frozen=True):
-    """An authenticated signal for a store to deliver."""
+    """An authenticated signal for a store to deliver.
+
+    ``run_id`` is the run the gateway resolved ``run_ref`` to (and authorised
+    against); the store delivers to exactly that run. ``run_ref`` is kept for
+    the audit. A run holds at most ``max_unconsumed`` unconsumed signals.
+    """
 
     run_ref: str
+    run_id: str
     signal_id: str
     name: str
     payload: Any
@@ -220,6 +249,16 @@ class SignalDelivery(msgspec.Struct, frozen=True):
     key_id: str
     reason: str
     payload_hash: str
+    max_unconsumed: int = 1000
+
+    def __post_init__(self) -> None:
+        for value, what in ((self.signal_id, "the signal id"), (self.name, "the signal name"),
+                            (self.sender, "the sender"), (self.key_id, "the key id"), (self.reason, "the reason")):
+            check_text(value, what=what)
+
+    def payload_json(self) -> str:
+        """The payload as the JSON text stores keep (any valid Unicode, NUL included)."""
+        return encode_value(self.payload, what="the signal payload").decode()
 
 
 class SignalReceipt(msgspec.Struct, frozen=True):
@@ -249,7 +288,10 @@ class AuditRecord(msgspec.Struct, frozen=True):
 
 
 class WorkflowStore(Protocol):
-    """The durable control plane. Every method is safe to call concurrently."""
+    """The durable control plane. Every method is safe to call concurrently.
+
+    A ``run_ref`` is a run id or a checkpoint id (see :func:`ref_column`).
+    """
 
     async def now(self) -> float:
         """Return the store clock's current time (seconds since the epoch)."""
@@ -260,7 +302,15 @@ class WorkflowStore(Protocol):
         ...
 
     async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
-        """Create a run for ``task`` (idempotent by ``checkpoint_id``)."""
+        """Create a run for ``task`` (idempotent by ``checkpoint_id``; a retried call never creates two)."""
+        ...
+
+    async def enqueue_many(self, tasks: Sequence[WorkflowTask]) -> list[EnqueueResult]:
+        """Enqueue ``tasks`` in one transaction, one result each, in order.
+
+        Raises:
+            EnqueueConflictError: a checkpoint id names a different task; nothing was enqueued.
+        """
         ...
 
     async def claim(
@@ -281,7 +331,11 @@ class WorkflowStore(Protocol):
         transition: Transition,
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
-        """Append ``events`` and apply ``transition``, fenced by lease and revision."""
+        """Append ``events`` and apply ``transition``, fenced by lease and revision.
+
+        A retried commit whose first attempt was written (its answer lost)
+        is recognised and answered with that attempt's result.
+        """
         ...
 
     async def release(self, lease: Lease) -> None:
@@ -291,7 +345,15 @@ class WorkflowStore(Protocol):
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
     ) -> CommitResult:
-        """An operator's append (cancel, resolve): fences off any lease holder."""
+        """An operator's append (cancel, resolve, retry): fences off any lease holder."""
+        ...
+
+    async def wake(self, run_ref: str) -> RunInfo:
+        """Make a READY, WAITING or DIVERGED run due now (no event appended).
+
+        Raises:
+            InvalidStateError: the run has another status (the message says what to do instead).
+        """
         ...
 
     async def purge(self, run_ref: str) -> None:
@@ -302,14 +364,30 @@ class WorkflowStore(Protocol):
         """
         ...
 
+    async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        """Delete up to ``limit`` finished runs last updated before ``before``; return how many (loop until 0)."""
+        ...
+
     async def get_run(self, run_ref: str) -> RunInfo:
         """Return a run by run id or checkpoint id."""
         ...
 
     async def list_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None, limit: int = 100
+        self,
+        *,
+        status: RunStatus | None = None,
+        name: str | None = None,
+        version: int | None = None,
+        limit: int = 100,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        """List runs, newest first."""
+        """List runs, newest first; ``after`` (a run id) returns the runs strictly older than it."""
+        ...
+
+    async def count_runs(
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+    ) -> int:
+        """Count runs."""
         ...
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
@@ -317,11 +395,21 @@ class WorkflowStore(Protocol):
         ...
 
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
-        """Store a signal once per ``(run, signal_id)`` and wake a run waiting for it."""
+        """Store a signal once per ``(run_id, signal_id)`` and wake the run if it waits for it.
+
+        Raises:
+            RunNotFoundError: no run ``delivery.run_id`` (any more).
+            SignalConflictError: the signal id names another signal of that run (audited).
+            SignalRejectedError: the run holds ``max_unconsumed`` unconsumed signals (audited).
+        """
         ...
 
-    async def record_rejected(self, record: AuditRecord) -> None:
-        """Keep a rejected signal attempt in the audit log (no run state changes)."""
+    async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:
+        """Keep a rejected signal attempt in the audit log (no run state changes).
+
+        Only the newest ``max_per_run`` rejected attempts of a run are kept
+        (of attempts against no known run, the newest ``10 * max_per_run``).
+        """
         ...
 
     async def audit(self, run_ref: str) -> list[AuditRecord]:
@@ -342,12 +430,50 @@ def same_task(task: WorkflowTask, name: str, version: int, input_json: bytes) ->
     return task.name == name and task.version == version and task.input_json() == input_json
 
 
-
+#: every run id starts with this; no checkpoint id may
+RUN_ID_PREFIX = "run_"
 
 
 def new_run_id(now: float) -> str:
-    """Return a new run id that sorts by creation time."""
-    return f"run_{int(now * 1000):012x}{secrets.token_hex(6)}"
+    """Return a new run id that sorts by creation time: ``run_`` + 24 lowercase hex digits."""
+    return f"{RUN_ID_PREFIX}{int(now * 1000):012x}{secrets.token_hex(6)}"
+
+
+def ref_column(run_ref: str) -> Literal["run_id", "checkpoint_id"]:
+    """Say which column a run reference names: ``run_`` starts a run id, anything else is a checkpoint id."""
+    return "run_id" if run_ref.startswith(RUN_ID_PREFIX) else "checkpoint_id"
+
+
+def check_text(value: str, *, what: str) -> None:
+    """Refuse text a store cannot keep in a text column the same way everywhere: NUL, or invalid Unicode.
+
+    Values (inputs, outputs, payloads) are JSON and may hold any valid Unicode,
+    NUL included; identifiers and reasons are plain text columns.
+    """
+    if "\x00" in value:
+        raise SerializationError(f"{what} {value!r} holds a NUL character, which a store cannot keep in a text "
+                                 "column; remove it (values may hold NUL: they are stored as JSON)")
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise SerializationError(f"{what} {value!r} is not valid Unicode ({exc.reason}); "
+                                 "decode bytes with errors='replace'") from exc
+
+
+def clean_text(value: str) -> str:
+    """Return ``value`` with NUL and lone surrogates replaced by U+FFFD: for display-only text (reasons, audits)."""
+    if value.isascii() and "\x00" not in value:
+        return value
+    return "".join("\ufffd" if c == "\x00" or "\ud800" <= c <= "\udfff" else c for c in value)
+
+
+def clean_audit(record: AuditRecord) -> AuditRecord:
+    """``record`` with its free text made safe for every store (see :func:`clean_text`)."""
+    return AuditRecord(
+        record.run_id, clean_text(record.run_ref), clean_text(record.signal_id), clean_text(record.name),
+        clean_text(record.sender), clean_text(record.key_id), record.verdict, clean_text(record.payload_hash),
+        clean_text(record.reason), clean_text(record.detail), record.at,
+    )
 
 
 class RunColumns(msgspec.Struct, frozen=True):
@@ -365,22 +491,10 @@ def transition_columns(transition: Transition) -> RunColumns | None:
         case Continue():
             return None
         case Finish(status=status, reason=reason):
-            return RunColumns(status, None, (), reason)
+            return RunColumns(status, None, (), clean_text(reason))
         case Suspend(status=status, wake_at=wake_at, signals=signals, reason=reason):
             timed = status in (RunStatus.WAITING, RunStatus.DIVERGED)
-            return RunColumns(status, wake_at if timed else None, signals, reason)
+            return RunColumns(status, wake_at if timed else None, signals, clean_text(reason))
         case Reschedule(at=at, reason=reason):
-            return RunColumns(RunStatus.READY, at, (), reason)
+            return RunColumns(RunStatus.READY, at, (), clean_text(reason))
     raise AssertionError(f"unknown transition {transition!r}")
-
-
-def not_finished(run_id: str, status: RunStatus) -> InvalidStateError:
-    """The error for purging a run that has not finished."""
-    return InvalidStateError(f"run {run_id} is {status}; only finished runs can be purged: cancel it first")
-
-
-def not_allowed(run_id: str, status: RunStatus, allowed: Collection[RunStatus]) -> InvalidStateError:
-    """The error for an operator action that does not fit the run's state."""
-    return InvalidStateError(
-        f"run {run_id} is {status}; this operation needs it to be {' or '.join(sorted(allowed))}"
-    )

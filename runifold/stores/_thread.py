@@ -16,7 +16,7 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 C = TypeVar("C")
 #: a job's outcome: its value, or the exception it raised
@@ -34,19 +34,22 @@ class ConnectionThread(Generic[C]):
     def __init__(self, conn: C, batch: Batch[C], name: str) -> None:
         self.connection = conn
         self._batch = batch
-        self._jobs: queue.SimpleQueue[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Any] | None] = (
-            queue.SimpleQueue())
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         #: jobs submitted and not yet answered (read and written on the event loop only)
         self.in_flight = 0
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, job: Any) -> asyncio.Future[Any]:
-        """Queue ``job``; the future settles with its outcome."""
+    def submit(self, job: Any, orphan: Callable[[Any], None] | None = None) -> asyncio.Future[Any]:
+        """Queue ``job``; the future settles with its outcome.
+
+        ``orphan`` is called with the job's value if it succeeds after its caller
+        stopped waiting (the future was cancelled), to undo what nobody will use.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         self.in_flight += 1
-        self._jobs.put((loop, future, job))
+        self._jobs.put(_Job(loop, future, job, orphan))
         return future
 
     async def close(self) -> None:
@@ -71,12 +74,12 @@ class ConnectionThread(Generic[C]):
                     break
                 taken.append(more)
             try:
-                outcomes = self._batch(self.connection, [job for _, _, job in taken])
+                outcomes = self._batch(self.connection, [t.job for t in taken])
             except BaseException as exc:  # pragma: no cover - a bug in the batch function
                 outcomes = [(None, exc)] * len(taken)
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Outcome]]] = {}
-            for (loop, future, _), outcome in zip(taken, outcomes, strict=True):
-                by_loop.setdefault(loop, []).append((future, outcome))
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
+            for job, outcome in zip(taken, outcomes, strict=True):
+                by_loop.setdefault(job.loop, []).append((job, outcome))
             for loop, answers in by_loop.items():
                 try:
                     loop.call_soon_threadsafe(self._answer, answers)
@@ -85,16 +88,26 @@ class ConnectionThread(Generic[C]):
             if stop:
                 return
 
-    def _answer(self, answers: list[tuple[asyncio.Future[Any], Outcome]]) -> None:
+    def _answer(self, answers: list[tuple[_Job, Outcome]]) -> None:
         self.in_flight -= len(answers)
-        for future, outcome in answers:
-            _settle(future, outcome)
+        for job, outcome in answers:
+            _settle(job, outcome)
 
 
-def _settle(future: asyncio.Future[Any], outcome: Outcome) -> None:
-    if future.done():
-        return
+class _Job(NamedTuple):
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+    job: Any
+    orphan: Callable[[Any], None] | None
+
+
+def _settle(job: _Job, outcome: Outcome) -> None:
+    future = job.future
     value, exc = outcome
+    if future.done():
+        if exc is None and job.orphan is not None:
+            job.orphan(value)
+        return
     if exc is not None:
         future.set_exception(exc)
     else:

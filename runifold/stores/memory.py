@@ -1,7 +1,8 @@
 """The in-memory store: the same semantics as the durable stores, no durability.
 
 For unit tests and experiments. Every method runs without awaiting inside its
-critical section, so each is atomic on the event loop.
+critical section, so each is atomic on the event loop. What each operation
+writes is decided by :mod:`runifold.stores._rule`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import final
 
-from runifold.errors import EnqueueConflictError, LeaseLostError, RunNotFoundError
+import msgspec
+
+from runifold.errors import EnqueueConflictError, LeaseLostError, RunNotFoundError, SignalConflictError
+from runifold.stores import _rule
 from runifold.stores._protocol import (
     AuditRecord,
     Claim,
@@ -29,12 +33,18 @@ from runifold.stores._protocol import (
     StoredEvent,
     Transition,
     WorkflowTask,
+    clean_audit,
     new_run_id,
-    not_allowed,
-    not_finished,
-    same_task,
+    ref_column,
     transition_columns,
 )
+
+
+@dataclass
+class _Signal:
+    inbox: InboxSignal
+    payload_hash: str
+    consumed: bool = False
 
 
 @dataclass
@@ -43,7 +53,7 @@ class _Run:
     checkpoint_id: str | None
     name: str
     version: int
-    input_json: bytes
+    input_json: str
     status: RunStatus
     revision: int
     due_at: float | None
@@ -54,15 +64,23 @@ class _Run:
     lease_until: float | None = None
     wait_signals: tuple[str, ...] = ()
     reason: str = ""
+    recoveries: int = 0
     events: list[StoredEvent] = field(default_factory=list)
-    signals: dict[str, tuple[InboxSignal, bool]] = field(default_factory=dict)
+    signals: dict[str, _Signal] = field(default_factory=dict)
 
     def info(self) -> RunInfo:
         return RunInfo(
             self.run_id, self.checkpoint_id, self.name, self.version, self.status, self.revision,
             self.due_at, self.lease_owner, self.lease_token, self.lease_until, self.created_at,
-            self.updated_at, self.reason,
+            self.updated_at, self.reason, self.recoveries,
         )
+
+    def state(self) -> _rule.RunState:
+        return _rule.RunState(self.status, self.revision, self.lease_token, self.lease_until, self.wait_signals,
+                              self.reason)
+
+    def unconsumed(self) -> list[_Signal]:
+        return [s for s in self.signals.values() if not s.consumed]
 
 
 @final
@@ -86,6 +104,7 @@ class MemoryWorkflowStore:
         run.due_at = due_at
         if due_at is not None:
             heapq.heappush(self._due, (due_at, run.run_id))
+            self._work.set()
 
     async def now(self) -> float:
         return self._clock()
@@ -94,7 +113,8 @@ class MemoryWorkflowStore:
         return 0  # nothing persistent to migrate
 
     def _find(self, ref: str) -> _Run:
-        run = self._runs.get(ref) or self._runs.get(self._by_checkpoint.get(ref, ""))
+        run_id = ref if ref_column(ref) == "run_id" else self._by_checkpoint.get(ref, "")
+        run = self._runs.get(run_id)
         if run is None:
             raise RunNotFoundError(ref)
         return run
@@ -106,39 +126,46 @@ class MemoryWorkflowStore:
         run.updated_at = now
         return CommitResult(run.revision, now)
 
-    def _held(self, lease: Lease, now: float) -> _Run:
-        run = self._runs.get(lease.run_id)
-        if (
-            run is None
-            or run.status is not RunStatus.RUNNING
-            or run.lease_token != lease.token
-            or run.lease_until is None
-            or run.lease_until <= now
-        ):
-            raise LeaseLostError(lease.run_id)
-        return run
-
     @staticmethod
     def _clear_lease(run: _Run) -> None:
         run.lease_owner = None
         run.lease_until = None
 
     async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
-        if task.checkpoint_id is not None and task.checkpoint_id in self._by_checkpoint:
-            existing = self._runs[self._by_checkpoint[task.checkpoint_id]]
-            if same_task(task, existing.name, existing.version, existing.input_json):
-                return EnqueueResult(existing.run_id, False)
-            raise EnqueueConflictError(task.checkpoint_id, existing.run_id)
+        return (await self.enqueue_many([task]))[0]
+
+    async def enqueue_many(self, tasks: Sequence[WorkflowTask]) -> list[EnqueueResult]:
         now = self._clock()
-        run = _Run(new_run_id(now), task.checkpoint_id, task.name, task.version, task.input_json(),
-                   RunStatus.READY, 0, now, now, now)
-        self._append(run, [task.first_event()], now)
-        self._runs[run.run_id] = run
-        self._schedule(run, now)
-        if task.checkpoint_id is not None:
-            self._by_checkpoint[task.checkpoint_id] = run.run_id
-        self._work.set()
-        return EnqueueResult(run.run_id, True)
+        staged: dict[str, tuple[_Run, WorkflowTask]] = {}
+        by_checkpoint: dict[str, str] = {}  # checkpoint ids this call creates
+        results = []
+        for task in tasks:
+            input_json = task.input_json().decode()
+            run_id = new_run_id(now)
+            existing = None
+            if task.checkpoint_id is not None:
+                other_id = by_checkpoint.get(task.checkpoint_id) or self._by_checkpoint.get(task.checkpoint_id)
+                if other_id is not None:
+                    other = staged[other_id][0] if other_id in staged else self._runs[other_id]
+                    existing = (other.run_id, other.name, other.version, other.input_json)
+            verdict = _rule.enqueue_verdict(existing, run_id, task.name, task.version, input_json)
+            if existing is not None and verdict == "conflict":
+                raise EnqueueConflictError(task.checkpoint_id or "", existing[0])
+            if existing is not None and verdict == "existing":
+                results.append(EnqueueResult(existing[0], False))
+                continue
+            staged[run_id] = (_Run(run_id, task.checkpoint_id, task.name, task.version, input_json, RunStatus.READY,
+                                   0, now, now, now), task)
+            if task.checkpoint_id is not None:
+                by_checkpoint[task.checkpoint_id] = run_id
+            results.append(EnqueueResult(run_id, True))
+        # invariant: nothing is written unless every task was accepted
+        for run, task in staged.values():
+            self._append(run, [task.first_event()], now)
+            self._runs[run.run_id] = run
+            self._schedule(run, now)
+        self._by_checkpoint.update(by_checkpoint)
+        return results
 
     async def claim(
         self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
@@ -148,8 +175,8 @@ class MemoryWorkflowStore:
         passed_over: list[tuple[float, str]] = []
         while self._due and self._due[0][0] <= now:
             due_at, run_id = heapq.heappop(self._due)
-            candidate = self._runs[run_id]
-            if candidate.due_at != due_at:
+            candidate = self._runs.get(run_id)
+            if candidate is None or candidate.due_at != due_at:
                 continue  # stale entry
             if candidate.name not in names or run_id in exclude:
                 passed_over.append((due_at, run_id))
@@ -160,18 +187,25 @@ class MemoryWorkflowStore:
             heapq.heappush(self._due, item)
         if run is None:
             return None
+        if _rule.recovered(run.state()):
+            run.recoveries += 1
         run.status = RunStatus.RUNNING
         run.lease_token += 1
         run.lease_owner = owner
         run.lease_until = now + lease_seconds
+        run.updated_at = now
         self._schedule(run, run.lease_until)
-        inbox = [sig for sig, consumed in run.signals.values() if not consumed]
+        inbox = [s.inbox for s in run.unconsumed()]
         return Claim(run.run_id, run.checkpoint_id, run.name, run.version,
-                     Lease(run.run_id, owner, run.lease_token, run.lease_until), now, list(run.events), inbox)
+                     Lease(run.run_id, owner, run.lease_token, run.lease_until), now, list(run.events), inbox,
+                     recoveries=run.recoveries)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         now = self._clock()
-        run = self._held(lease, now)
+        run = self._runs.get(lease.run_id)
+        if _rule.fence(None if run is None else run.state(), lease, run.revision if run else 0, now) is not None:
+            raise LeaseLostError(lease.run_id)
+        assert run is not None
         run.lease_until = now + lease_seconds
         self._schedule(run, run.lease_until)
         return Lease(lease.run_id, lease.owner, lease.token, run.lease_until)
@@ -185,25 +219,26 @@ class MemoryWorkflowStore:
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
         now = self._clock()
-        run = self._held(lease, now)
-        if run.revision != expected_revision:
-            raise LeaseLostError(lease.run_id, f"revision {run.revision} is not the expected {expected_revision}")
+        run = self._runs.get(lease.run_id)
+        state = None if run is None else run.state()
+        columns = transition_columns(transition)
+        refused = _rule.fence(state, lease, expected_revision, now)
+        if refused is not None:
+            if run is not None:
+                stored = [(e.type, e.key, e.body.decode()) for e in run.events[expected_revision:]]
+                if _rule.is_own_retry(state, lease, expected_revision, events, columns, stored):
+                    return CommitResult(run.revision, run.events[-1].at if events else run.updated_at)
+            raise LeaseLostError(lease.run_id, refused)
+        assert run is not None
         result = self._append(run, events, now)
         for signal_id in consumed_signals:
-            sig, _ = run.signals[signal_id]
-            run.signals[signal_id] = (sig, True)
-        columns = transition_columns(transition)
+            if signal_id in run.signals:
+                run.signals[signal_id].consumed = True
         if columns is None:
             return result
         run.status, run.wait_signals, run.reason = columns.status, columns.wait_signals, columns.reason
-        due_at = columns.due_at
-        if run.status is RunStatus.WAITING and any(
-            sig.name in run.wait_signals for sig, consumed in run.signals.values() if not consumed
-        ):
-            due_at = now  # invariant: no lost wakeup for a signal that beat the wait
-        self._schedule(run, due_at)
         self._clear_lease(run)
-        self._work.set()
+        self._schedule(run, _rule.commit_due(columns, now, {s.inbox.name for s in run.unconsumed()}))
         return result
 
     async def release(self, lease: Lease) -> None:
@@ -212,69 +247,114 @@ class MemoryWorkflowStore:
         if run is None or run.status is not RunStatus.RUNNING or run.lease_token != lease.token:
             return
         run.status = RunStatus.READY
-        self._schedule(run, now)
         self._clear_lease(run)
-        self._work.set()
+        self._schedule(run, now)
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
     ) -> CommitResult:
         run = self._find(run_ref)
-        if run.status not in allowed:
-            raise not_allowed(run.run_id, run.status, allowed)
+        refused = _rule.intervene_refusal(run.run_id, run.status, allowed)
+        if refused is not None:
+            raise refused
         now = self._clock()
         result = self._append(run, events, now)
         run.lease_token += 1  # fences off any current holder
         self._clear_lease(run)
         run.status = status
-        self._schedule(run, None if status.finished else now)
-        self._work.set()
+        self._schedule(run, _rule.intervene_due(status, now))
         return result
+
+    async def wake(self, run_ref: str) -> RunInfo:
+        run = self._find(run_ref)
+        refused = _rule.wake_refusal(run.run_id, run.status)
+        if refused is not None:
+            raise refused
+        self._schedule(run, self._clock())
+        return run.info()
 
     async def purge(self, run_ref: str) -> None:
         run = self._find(run_ref)
-        if not run.status.finished:
-            raise not_finished(run.run_id, run.status)
+        refused = _rule.purge_refusal(run.run_id, run.status)
+        if refused is not None:
+            raise refused
+        self._delete(run)
+
+    def _delete(self, run: _Run) -> None:
         del self._runs[run.run_id]
         if run.checkpoint_id is not None:
             self._by_checkpoint.pop(run.checkpoint_id, None)
         self._audit = [a for a in self._audit if a.run_id != run.run_id]
 
+    async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        finished = sorted((r for r in self._runs.values() if r.status.finished and r.updated_at < before),
+                          key=lambda r: r.run_id)[:limit]
+        for run in finished:
+            self._delete(run)
+        return len(finished)
+
     async def get_run(self, run_ref: str) -> RunInfo:
         return self._find(run_ref).info()
 
-    async def list_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None, limit: int = 100
-    ) -> list[RunInfo]:
-        runs = [
-            r.info() for r in self._runs.values()
+    def _matching(self, status: RunStatus | None, name: str | None, version: int | None) -> list[_Run]:
+        return [
+            r for r in self._runs.values()
             if (status is None or r.status is status) and (name is None or r.name == name)
             and (version is None or r.version == version)
         ]
+
+    async def list_runs(
+        self,
+        *,
+        status: RunStatus | None = None,
+        name: str | None = None,
+        version: int | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> list[RunInfo]:
+        runs = [r.info() for r in self._matching(status, name, version) if after is None or r.run_id < after]
         runs.sort(key=lambda r: r.run_id, reverse=True)
         return runs[:limit]
+
+    async def count_runs(
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+    ) -> int:
+        return len(self._matching(status, name, version))
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
         return list(self._find(run_ref).events)
 
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
-        run = self._find(delivery.run_ref)
+        payload = msgspec.json.decode(delivery.payload_json())
+        run = self._runs.get(delivery.run_id)
+        if run is None:
+            raise RunNotFoundError(delivery.run_id)
         now = self._clock()
-        if delivery.signal_id in run.signals:
-            original, _ = run.signals[delivery.signal_id]
-            self._audit.append(_audit(delivery, run.run_id, "duplicate", "", now))
-            return SignalReceipt(run.run_id, delivery.signal_id, True, original.received_at, run.status)
-        sig = InboxSignal(delivery.signal_id, delivery.name, delivery.payload, delivery.sender, delivery.reason, now)
-        run.signals[delivery.signal_id] = (sig, False)
-        detail = "run finished; kept unconsumed" if run.status.finished else ""
-        self._audit.append(_audit(delivery, run.run_id, "accepted", detail, now))
-        if run.status is RunStatus.WAITING and delivery.name in run.wait_signals:
+        found = run.signals.get(delivery.signal_id)
+        existing = None if found is None else (found.inbox.name, found.payload_hash)
+        verdict = _rule.signal_verdict(existing, delivery.name, delivery.payload_hash, len(run.unconsumed()),
+                                       delivery.max_unconsumed)
+        detail = "run finished; kept unconsumed" if verdict == "accepted" and run.status.finished else ""
+        self._audit.append(_audit(delivery, verdict, detail, now))
+        if verdict == "rejected:conflict":
+            raise SignalConflictError(run.run_id, delivery.signal_id)
+        if verdict == "rejected:inbox_full":
+            raise _rule.inbox_full(run.run_id, delivery.max_unconsumed)
+        if found is not None:
+            return SignalReceipt(run.run_id, delivery.signal_id, True, found.inbox.received_at, run.status)
+        sig = InboxSignal(delivery.signal_id, delivery.name, payload, delivery.sender, delivery.reason, now)
+        run.signals[delivery.signal_id] = _Signal(sig, delivery.payload_hash)
+        if _rule.signal_wakes(run.status, run.wait_signals, delivery.name):
             self._schedule(run, now)
-            self._work.set()
         return SignalReceipt(run.run_id, delivery.signal_id, False, now, run.status)
 
-    async def record_rejected(self, record: AuditRecord) -> None:
-        self._audit.append(record)
+    async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:
+        self._audit.append(clean_audit(record))
+        cap = max_per_run if record.run_id is not None else 10 * max_per_run
+        mine = [a for a in self._audit if a.run_id == record.run_id and a.verdict.startswith("rejected")]
+        drop = {id(a) for a in mine[:-cap]} if len(mine) > cap else set()
+        if drop:
+            self._audit = [a for a in self._audit if id(a) not in drop]
 
     async def audit(self, run_ref: str) -> list[AuditRecord]:
         try:
@@ -294,6 +374,7 @@ class MemoryWorkflowStore:
         return None
 
 
-def _audit(delivery: SignalDelivery, run_id: str, verdict: str, detail: str, now: float) -> AuditRecord:
-    return AuditRecord(run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender,
+def _audit(delivery: SignalDelivery, verdict: str, detail: str, now: float) -> AuditRecord:
+    return AuditRecord(delivery.run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender,
                        delivery.key_id, verdict, delivery.payload_hash, delivery.reason, detail, now)
+

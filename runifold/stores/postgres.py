@@ -1,32 +1,32 @@
 """The PostgreSQL store (asyncpg): many workers on many hosts share one database.
 
-* Claims pick due runs with ``FOR UPDATE SKIP LOCKED`` and take the leases in
-  the same statement: concurrent workers never wait on each other's claims.
-  The claims a process makes on one pass of its event loop, or while another
-  claim is in flight, share that statement.
+* Every operation that changes a run is one call of one function of
+  ``sql/postgres/schema.sql`` (the rule of :mod:`runifold.stores._rule` in SQL),
+  or one statement of ``sql/postgres/queries.sql``: one round trip each.
+* Claims pick due runs with ``FOR UPDATE SKIP LOCKED`` and take the lease in
+  the same statement, which also returns the history and the inbox.
 * Every time (lease expiry, timers, signal freshness) is judged on the database
   clock, ``clock_timestamp()``, never on a worker's.
-* A durable step is one round trip: ``runifold_commit_arrays`` (a function
-  created by the migrations) fences, appends, consumes signals and applies the
-  transition. The concurrent commits of a process share that round trip, one
-  transaction and one WAL flush, each fenced on its own: a commit waits one
-  pass of the event loop, so the commits of runs that became ready together
-  leave together, unless its run was alone in the last batch. A lone commit
-  that only appends (the sequential case) is one plain statement with the
-  same fence.
 * ``LISTEN runifold_work``: idle workers wake at once when a run becomes due;
-  a due timer wakes them through the next-due-time they sleep until; polling
-  remains only as a fallback, and a dropped listening connection is reopened.
-* Connection loss is retried with bounded backoff. A retried commit can never
-  be applied twice: the revision fence refuses the second attempt.
+  polling remains only as a fallback, and a dropped listening connection is reopened.
+* Waits are bounded: each attempt of an operation is bounded by
+  ``command_timeout`` and by what is left of the operation's ``retry_seconds``
+  (wall time, the attempt in flight included); TCP keepalives and
+  ``TCP_USER_TIMEOUT`` find a silent peer; a cancelled operation returns at
+  once and drops its connection.
+* Retries are safe: a retried commit recognises its own write, a retried
+  claim finds the run its first attempt leased (by a nonce), a retried
+  enqueue finds the runs it created (the client chooses the run ids).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
+import socket
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar, final
 
 import asyncpg  # type: ignore[import-untyped]
@@ -37,10 +37,11 @@ from runifold.errors import (
     EnqueueConflictError,
     LeaseLostError,
     RunNotFoundError,
+    SignalConflictError,
     StoreError,
     StoreUnavailableError,
 )
-from runifold.stores._migrations import migrations
+from runifold.stores import _rule
 from runifold.stores._protocol import (
     AuditRecord,
     Claim,
@@ -49,7 +50,6 @@ from runifold.stores._protocol import (
     EventRow,
     InboxSignal,
     Lease,
-    RunColumns,
     RunInfo,
     RunStatus,
     SignalDelivery,
@@ -57,99 +57,28 @@ from runifold.stores._protocol import (
     StoredEvent,
     Transition,
     WorkflowTask,
+    clean_audit,
     new_run_id,
-    not_allowed,
-    not_finished,
-    same_task,
+    ref_column,
     transition_columns,
 )
+from runifold.stores._sql import by_ref, migrations, newer_schema, queries
 
 T = TypeVar("T")
 log = get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
-#: the application_name of the connection that sends commit batches (see pg_stat_activity)
-COMMIT_APPLICATION = "runifold-commits"
-#: the application_name of the connection that claims runs
-CLAIM_APPLICATION = "runifold-claims"
-_MIGRATION_LOCK = 0x72756E69  # "runi": one advisory lock id for schema migrations
-_RUN_COLUMNS = (
-    "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
-    "lease_until, created_at, updated_at, reason"
-)
-_json = msgspec.json.encode
-# SQLSTATE classes that mean "the connection or server went away; try again".
+Q = queries("postgres")
+RUN, HISTORY, AUDIT = by_ref(Q["run"]), by_ref(Q["history"]), by_ref(Q["audit"])
+SCHEMA_VERSION = migrations("postgres")[-1][0]
+_ENQUEUE_CONFLICT = "RF001"  # raised by runifold_enqueue
+# SQLSTATE classes and codes that mean "the connection or server went away, or try again"
 _TRANSIENT_CLASSES = ("08", "57", "53")
 _TRANSIENT_CODES = {"40001", "40P01"}
-
-# One round trip: pick and lease up to {limit} runs, and return each one's history and inbox
-# (the subqueries see the events and signals as they were; the UPDATE touches neither).
-# invariant: the limit is a literal, so the cached generic plan is as cheap as a custom one
-# and PostgreSQL reuses it (with LIMIT $n it estimates a tenth of the rows, finds the
-# generic plan dearer and plans the statement again on every call).
-# invariant: "now" is a subquery, evaluated once, so it bounds the due_at index scan;
-# runifold_now() is volatile, and as a plain filter the scan would walk every future timer.
-_CLAIM = (
-    "WITH pick AS ("
-    "  SELECT run_id FROM runifold_runs"
-    "  WHERE due_at IS NOT NULL AND due_at <= (SELECT runifold_now()) AND name = ANY($2::text[])"
-    "  AND NOT (run_id = ANY($3::text[]))"
-    "  ORDER BY due_at LIMIT {limit} FOR UPDATE SKIP LOCKED"
-    "), claimed AS ("
-    "  UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,"
-    "  lease_until = runifold_now() + $4, due_at = runifold_now() + $4, updated_at = runifold_now()"
-    "  FROM pick WHERE r.run_id = pick.run_id"
-    "  RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until"
-    ") SELECT c.*,"
-    " (SELECT coalesce(json_agg(json_build_array(e.seq, e.at, e.type, e.key, e.body::text) ORDER BY e.seq), '[]')"
-    "  FROM runifold_events e WHERE e.run_id = c.run_id)::text AS history,"
-    " (SELECT coalesce(json_agg(json_build_array(s.signal_id, s.name, s.payload, s.sender, s.reason, s.received_at)"
-    "  ORDER BY s.received_at, s.arrival), '[]') FROM runifold_signals s"
-    "  WHERE s.run_id = c.run_id AND NOT s.consumed)::text AS inbox"
-    " FROM claimed c"
-)
-#: the most claims one round trip makes; more waiting callers go in the next
-_CLAIMS_PER_TRIP = 64
-_CLAIMS = [_CLAIM.format(limit=n) for n in range(_CLAIMS_PER_TRIP + 1)]
-
-
-# A commit that only appends (no transition, no signal consumed), sent alone: the same
-# fence as runifold_commit_arrays, in one statement. ok is false when the fence refused it.
-_STEP = (
-    "WITH n AS (SELECT runifold_now() AS now), u AS ("
-    "  UPDATE runifold_runs SET revision = $3 + cardinality($4::text[]), updated_at = n.now FROM n"
-    "  WHERE run_id = $1 AND status = 'running' AND lease_token = $2 AND lease_until > n.now AND revision = $3"
-    "  RETURNING revision, updated_at"
-    "), e AS ("
-    "  INSERT INTO runifold_events (run_id, seq, type, key, at, body)"
-    "  SELECT $1, $3 + x.ord, x.type, x.key, u.updated_at, x.body::jsonb"
-    "  FROM u, unnest($4::text[], $5::text[], $6::text[]) WITH ORDINALITY AS x(type, key, body, ord)"
-    ") SELECT 0 AS item, u.revision IS NOT NULL AS ok, coalesce(u.revision, 0) AS new_revision,"
-    " coalesce(u.updated_at, n.now) AS at FROM n LEFT JOIN u ON true"
-)
-
-
-# Many commits in one round trip (migration 0005 documents the arguments).
-_BATCH = (
-    "SELECT item, ok, new_revision, at FROM runifold_commit_arrays("
-    "$1::text[], $2::bigint[], $3::bigint[], $4::integer[], $5::text[], $6::double precision[], $7::text[],"
-    " $8::text[], $9::text[], $10::integer[], $11::bigint[], $12::text[], $13::text[], $14::text[])"
-)
-
-
-def _run_info(row: asyncpg.Record) -> RunInfo:
-    return RunInfo(row["run_id"], row["checkpoint_id"], row["name"], row["version"], RunStatus(row["status"]),
-                   row["revision"], row["due_at"], row["lease_owner"], row["lease_token"], row["lease_until"],
-                   row["created_at"], row["updated_at"], row["reason"])
-
-
-# Errors of the connection rather than of the statement. InternalClientError comes
-# from a connection whose server went away between calls (the protocol is still
-# consuming the server's last error): like a lost connection, it is dropped and
-# the call retried.
-_CONNECTION_ERRORS = (OSError, asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError,
-                      asyncpg.exceptions.InternalClientError)
-# What a driver call can raise.
+# errors of the connection rather than of the statement (InternalClientError: a connection
+# whose server went away between calls)
+_CONNECTION_ERRORS = (OSError, TimeoutError, asyncpg.exceptions.ConnectionDoesNotExistError,
+                      asyncpg.exceptions.InterfaceError, asyncpg.exceptions.InternalClientError)
 _DRIVER_ERRORS = (*_CONNECTION_ERRORS, asyncpg.PostgresError)
 
 
@@ -160,64 +89,66 @@ def _transient(exc: BaseException) -> bool:
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
 
 
-def _claim_of(row: asyncpg.Record, owner: str, lease_seconds: float) -> Claim:
+def _translate(exc: BaseException) -> StoreError:
+    """The one place driver errors become runifold errors, by SQLSTATE."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}")
+    return StoreError(f"PostgreSQL driver error: {exc!r}")
+
+
+def _run_info(row: asyncpg.Record) -> RunInfo:
+    return RunInfo(row["run_id"], row["checkpoint_id"], row["name"], row["version"], RunStatus(row["status"]),
+                   row["revision"], row["due_at"], row["lease_owner"], row["lease_token"], row["lease_until"],
+                   row["created_at"], row["updated_at"], row["reason"], row["recoveries"])
+
+
+def _claim_of(row: asyncpg.Record, owner: str) -> Claim:
     run_id = row["run_id"]
-    until = row["lease_until"]
-    history = [StoredEvent(seq, at, type_, key, body.encode())
-               for seq, at, type_, key, body in msgspec.json.decode(row["history"])]
-    inbox = [InboxSignal(*signal) for signal in msgspec.json.decode(row["inbox"])]
+    history = [StoredEvent(*e) for e in zip(row["seqs"], row["ats"], row["types"], row["keys"],
+                                             [b.encode() for b in row["bodies"]], strict=True)]
+    inbox = [InboxSignal(i, n, msgspec.json.decode(p), s, r, at) for i, n, p, s, r, at in zip(
+        row["ids"] or (), row["names"] or (), row["payloads"] or (), row["senders"] or (), row["reasons"] or (),
+        row["received"] or (), strict=True)]
     return Claim(run_id, row["checkpoint_id"], row["name"], row["version"],
-                 Lease(run_id, owner, row["lease_token"], until), until - lease_seconds, history, inbox)
+                 Lease(run_id, owner, row["lease_token"], row["lease_until"]), row["now"], history, inbox,
+                 recoveries=row["recoveries"])
 
 
-def _release_done(task: asyncio.Future[None]) -> None:
-    """Log a failed hand-back; the run's lease then expires on its own and another claim takes it."""
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("claim_not_released", error=str(task.exception()))
+def _keepalive(seconds: float) -> Callable[[asyncpg.Connection], Awaitable[None]]:
+    """A connection hook: TCP keepalives after ``seconds`` idle, and unacknowledged sends given up after ``seconds``."""
 
+    async def init(conn: asyncpg.Connection) -> None:
+        sock = conn._transport.get_extra_info("socket") if conn._transport is not None else None
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        idle = max(1, int(seconds))
+        options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+        for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, idle // 3)), ("TCP_KEEPCNT", 3),
+                            ("TCP_USER_TIMEOUT", idle * 1000)):
+            if hasattr(socket, name):
+                options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+        for level, option, value in options:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, option, value)
 
-async def _find(conn: asyncpg.Connection, ref: str, *, lock: bool = False) -> asyncpg.Record:
-    row = await conn.fetchrow(
-        f"SELECT {_RUN_COLUMNS}, wait_signals FROM runifold_runs WHERE run_id = $1 OR checkpoint_id = $1"
-        + (" FOR UPDATE" if lock else ""),
-        ref,
-    )
-    if row is None:
-        raise RunNotFoundError(ref)
-    return row
+    return init
 
 
 @final
 class PostgresWorkflowStore:
     """A :class:`WorkflowStore` on PostgreSQL. Open with ``await PostgresWorkflowStore.open(dsn)``."""
 
-    def __init__(self, dsn: str, pool: asyncpg.Pool, retry_seconds: float, poll_seconds: float) -> None:
+    def __init__(self, dsn: str, pool: asyncpg.Pool, *, retry_seconds: float, poll_seconds: float,
+                 command_timeout: float, keepalive_seconds: float) -> None:
         self.dsn = dsn
         self._pool = pool
         self._retry_seconds = retry_seconds
         self._poll_seconds = poll_seconds
+        self._command_timeout = command_timeout
+        self._keepalive_seconds = keepalive_seconds
         self._listener: asyncpg.Connection | None = None
         self._connecting: asyncio.Future[None] | None = None
         self._due_query: asyncio.Future[float | None] | None = None
-        # commits that arrive while a batch is in flight wait here for the next one;
-        # batches go one at a time over the store's own connection
-        self._commits: list[_PendingCommit] = []
-        self._lane = _Lane(dsn, COMMIT_APPLICATION)
-        self._lane_busy = False  # the batcher holds it: a batch is in flight or about to leave
-        self._alone: str | None = None  # the run whose commit was the last batch's only one
-        self._batcher: asyncio.Future[None] | None = None
-        #: commit batches sent and the commits they carried (how well commits are grouped)
-        self.batches = 0
-        self.batched_commits = 0
-        # claims that arrive while one is in flight wait here; the next round trip claims
-        # for all of them at once, over the store's own claiming connection
-        self._claims: list[_PendingClaim] = []
-        self._claim_lane = _Lane(dsn, CLAIM_APPLICATION)
-        self._claiming = False
-        self._claimer: asyncio.Future[None] | None = None
-        self._releasing: set[asyncio.Future[None]] = set()
-        #: claim round trips made (each claims for every caller waiting at that moment)
-        self.claim_batches = 0
         self._work = asyncio.Event()
 
     @classmethod
@@ -229,6 +160,8 @@ class PostgresWorkflowStore:
         max_size: int = 10,
         retry_seconds: float = 15.0,
         poll_seconds: float = 5.0,
+        command_timeout: float = 10.0,
+        keepalive_seconds: float = 10.0,
     ) -> PostgresWorkflowStore:
         """Connect, then create or migrate the schema (safe when many workers start at once).
 
@@ -236,18 +169,31 @@ class PostgresWorkflowStore:
             dsn: ``postgresql://user:password@host:port/database``.
             min_size: connections kept open in the pool.
             max_size: the pool's upper bound.
-            retry_seconds: how long an operation retries a lost connection before
-                raising :class:`StoreUnavailableError`.
+            retry_seconds: the wall time an operation may take in all, its attempts and
+                their backoff included, before it raises :class:`StoreUnavailableError`.
             poll_seconds: the fallback poll interval of :meth:`wait_for_work`.
+            command_timeout: the longest one attempt may take (also the server's
+                ``statement_timeout``).
+            keepalive_seconds: a connection silent this long is probed, and data
+                unacknowledged this long drops it.
+
+        Raises:
+            StoreUnavailableError: the server cannot be reached.
+            StoreError: its schema is newer than this runifold.
         """
         try:
-            pool = await asyncpg.create_pool(dsn, min_size=min_size, max_size=max_size, reset=_keep_session)
-        except (OSError, asyncpg.PostgresError) as exc:
+            pool = await asyncio.wait_for(asyncpg.create_pool(
+                dsn, min_size=min_size, max_size=max_size, init=_keepalive(keepalive_seconds), reset=_keep_session,
+                command_timeout=command_timeout, timeout=command_timeout,
+                server_settings={"statement_timeout": str(int(command_timeout * 1000))},
+            ), retry_seconds)
+        except (*_DRIVER_ERRORS, asyncio.TimeoutError) as exc:
             raise StoreUnavailableError(
-                f"cannot connect to PostgreSQL at {_redact(dsn)}: {exc}; check that the server runs "
+                f"cannot connect to PostgreSQL at {_redact(dsn)}: {exc!r}; check that the server runs "
                 "and the URL, user and password are right"
             ) from exc
-        store = cls(dsn, pool, retry_seconds, poll_seconds)
+        store = cls(dsn, pool, retry_seconds=retry_seconds, poll_seconds=poll_seconds,
+                    command_timeout=command_timeout, keepalive_seconds=keepalive_seconds)
         try:
             await store.migrate()
         except BaseException:
@@ -260,166 +206,116 @@ class PostgresWorkflowStore:
 
         async def op(conn: asyncpg.Connection) -> int:
             async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
-                await conn.execute(
-                    "CREATE TABLE IF NOT EXISTS runifold_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                current = await conn.fetchval("SELECT coalesce(max(version), 0) FROM runifold_schema")
+                await conn.execute(Q["migration_lock"])
+                await conn.execute(Q["create_schema_table"])
+                current = int(await conn.fetchval(Q["schema_version"]))
+                if current > SCHEMA_VERSION:
+                    raise newer_schema(f"PostgreSQL at {_redact(self.dsn)}", current, SCHEMA_VERSION)
                 for version, sql in migrations("postgres"):
                     if version > current:
                         await conn.execute(sql)
-                        await conn.execute("INSERT INTO runifold_schema (version) VALUES ($1)", version)
+                        await conn.execute(Q["record_version"], version)
                         current = version
                         log.info("schema_migrated", version=version)
-                return int(current)
+                return current
 
         return await self._call(op)
 
-    async def _call(self, op: Callable[[asyncpg.Connection], Awaitable[T]]) -> T:
-        """Run ``op`` on a pooled connection, retrying lost connections with bounded backoff."""
+    async def _call(self, op: Callable[[asyncpg.Connection], Awaitable[T]], *, budget: float | None = None) -> T:
+        """Run ``op`` on a pooled connection, retrying transient failures within the wall-time budget.
 
-        async def attempt() -> T:
-            async with self._pool.acquire() as conn:
-                try:
-                    return await op(conn)
-                except _DRIVER_ERRORS as exc:
-                    if _transient(exc):
-                        conn.terminate()  # the pool replaces it rather than hand it out again
-                    raise
-
-        return await self._retrying(attempt)
-
-    async def _retrying(self, attempt: Callable[[], Awaitable[T]], lost: Callable[[], None] = lambda: None) -> T:
-        """Translate driver errors; retry transient ones (calling ``lost`` first) for ``retry_seconds``."""
-        deadline = time.monotonic() + self._retry_seconds
+        Each attempt is bounded by ``command_timeout`` and by what is left of the
+        budget. An attempt that fails, times out or is cancelled drops its
+        connection: a statement may still run on it.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._retry_seconds if budget is None else budget)
         delay = 0.05
         while True:
+            remaining = deadline - loop.time()
+            conn: asyncpg.Connection | None = None
             try:
-                return await attempt()
-            except _DRIVER_ERRORS as exc:
-                if not _transient(exc):
-                    if isinstance(exc, asyncpg.PostgresError):
-                        raise StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}") from exc
-                    raise StoreError(f"PostgreSQL driver error: {exc}") from exc
-                lost()
-                if time.monotonic() > deadline:
+                async with asyncio.timeout(max(0.001, min(self._command_timeout, remaining))):
+                    conn = await self._pool.acquire()
+                    value = await op(conn)
+            except BaseException as exc:
+                lost = isinstance(exc, asyncio.CancelledError) or _transient(exc)
+                if conn is not None:
+                    if lost:
+                        conn.terminate()  # a statement may still run on it: never hand it out again
+                    await self._pool.release(conn)
+                if not isinstance(exc, _DRIVER_ERRORS):
+                    raise
+                if not lost:
+                    raise _translate(exc) from exc
+                if loop.time() + delay >= deadline:
                     raise StoreUnavailableError(
-                        f"PostgreSQL stayed unreachable for {self._retry_seconds:g} s ({exc}); "
-                        "check the server, then retry"
+                        f"PostgreSQL at {_redact(self.dsn)} stayed unreachable for {self._retry_seconds:g} s "
+                        f"({exc!r}); check the server and the network, then retry"
                     ) from exc
-                log.warning("postgres_retry", error=str(exc), delay=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                log.warning("postgres_retry", error=repr(exc), delay=delay)
+            else:
+                await self._pool.release(conn)
+                return value
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     # -- protocol -------------------------------------------------------------------
 
     async def now(self) -> float:
-        value: float = await self._call(lambda c: c.fetchval("SELECT runifold_now()"))
+        value: float = await self._call(lambda c: c.fetchval(Q["now"]))
         return value
 
     async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
-        input_json = task.input_json().decode()
-        first = task.first_event()
+        return (await self.enqueue_many([task]))[0]
 
-        async def op(conn: asyncpg.Connection) -> EnqueueResult:
-            async with conn.transaction():
-                now = await conn.fetchval("SELECT runifold_now()")
-                run_id = new_run_id(now)
-                inserted = await conn.fetchval(
-                    "INSERT INTO runifold_runs (run_id, checkpoint_id, name, version, input_json, status, revision, "
-                    "due_at, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, 'ready', 1, $6, $6, $6) "
-                    "ON CONFLICT (checkpoint_id) DO NOTHING RETURNING run_id",
-                    run_id, task.checkpoint_id, task.name, task.version, input_json, now,
-                )
-                if inserted is None:
-                    row = await conn.fetchrow(
-                        "SELECT run_id, name, version, input_json FROM runifold_runs WHERE checkpoint_id = $1",
-                        task.checkpoint_id,
-                    )
-                    if same_task(task, row["name"], row["version"], row["input_json"].encode()):
-                        return EnqueueResult(row["run_id"], False)
-                    raise EnqueueConflictError(task.checkpoint_id or "", row["run_id"])
-                await conn.execute(
-                    "INSERT INTO runifold_events (run_id, seq, type, key, at, body) VALUES ($1, 1, $2, $3, $4, $5::jsonb)",
-                    run_id, first.type, first.key, now, first.body.decode(),
-                )
-                await conn.execute("SELECT pg_notify($1, '')", CHANNEL)
-                return EnqueueResult(run_id, True)
+    async def enqueue_many(self, tasks: Sequence[WorkflowTask]) -> list[EnqueueResult]:
+        if not tasks:
+            return []
+        now = time.time()
+        firsts = [task.first_event() for task in tasks]
+        # invariant: the run ids are chosen once, before the first attempt: a retry finds its own runs
+        args = ([new_run_id(now) for _ in tasks], [t.checkpoint_id for t in tasks], [t.name for t in tasks],
+                [t.version for t in tasks], [t.input_json().decode() for t in tasks], [f.type for f in firsts],
+                [f.key for f in firsts], [f.body.decode() for f in firsts])
+
+        async def op(conn: asyncpg.Connection) -> list[EnqueueResult]:
+            try:
+                rows = await conn.fetch(Q["enqueue"], *args)
+            except asyncpg.PostgresError as exc:
+                if exc.sqlstate == _ENQUEUE_CONFLICT:
+                    raise EnqueueConflictError(exc.hint or "", exc.detail or "") from None
+                raise
+            return [EnqueueResult(r["run_id"], r["created"]) for r in rows]
 
         return await self._call(op)
 
     async def claim(
         self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
     ) -> Claim | None:
-        pending = _PendingClaim((owner, sorted(names), sorted(exclude), lease_seconds),
-                                asyncio.get_running_loop().create_future())
-        self._claims.append(pending)
-        # the claimer runs on the loop's next pass: claims made on this pass (runs that
-        # ended together) share its round trip
-        self._start_claimer()
-        return await pending.done
+        nonce = secrets.token_hex(8)  # the same for every attempt of this call
+        args = (owner, sorted(names), sorted(exclude), lease_seconds, nonce)
 
-    def _start_claimer(self) -> None:
-        if self._claims and not self._claiming:
-            self._claiming = True
-            # owned by the store: a cancelled caller never cancels a claim made for others
-            self._claimer = asyncio.ensure_future(self._claim_batches())
+        async def op(conn: asyncpg.Connection) -> Claim | None:
+            row = await conn.fetchrow(Q["claim"], *args)
+            return None if row is None else _claim_of(row, owner)
 
-    async def _claim_batches(self) -> None:
-        """Send the queued claims, those that ask alike in one round trip each time."""
         try:
-            while self._claims:
-                await self._claim_batch()
-        finally:
-            self._claiming = False
-
-    async def _claim_batch(self) -> None:
-        """Claim for the first queued caller and every other one that asks alike (same owner and filters)."""
-        key = self._claims[0].key
-        # a caller cancelled before its claim was sent is left out
-        alike = [p for p in self._claims if p.key == key and not p.done.done()]
-        batch, later = alike[:_CLAIMS_PER_TRIP], alike[_CLAIMS_PER_TRIP:]
-        self._claims = later + [p for p in self._claims if p.key != key]
-        if not batch:
-            return
-        owner, names, exclude, lease_seconds = key
-        try:
-            rows = await self._retrying(
-                lambda: self._claim_lane.fetch(_CLAIMS[len(batch)], owner, names, exclude, lease_seconds),
-                self._claim_lane.lose)
-            claims = iter([_claim_of(row, owner, lease_seconds) for row in rows])
+            return await self._call(op)
         except asyncio.CancelledError:
-            self._claim_lane.lose()  # the query may still be running on its connection
-            for pending in batch:
-                pending.done.cancel()
+            # the claim may have landed with nobody to drive it: hand it back rather than orphan its lease
+            asyncio.ensure_future(self._release_claimed(owner, nonce)).add_done_callback(_logged)
             raise
-        except Exception as exc:
-            # invariant: no caller waits forever, whatever went wrong; each gets the error
-            error = exc if isinstance(exc, StoreError) else StoreError(f"claim failed: {exc!r}")
-            for pending in batch:
-                if not pending.done.done():
-                    pending.done.set_exception(error)
-            return
-        self.claim_batches += 1
-        for pending in batch:
-            claim = next(claims, None)
-            if not pending.done.done():
-                pending.done.set_result(claim)
-            elif claim is not None:
-                # its caller went away while the claim was in flight: hand the run back
-                release = asyncio.ensure_future(self.release(claim.lease))
-                release.add_done_callback(_release_done)
-                self._releasing.add(release)
-        self._releasing = {task for task in self._releasing if not task.done()}
+
+    async def _release_claimed(self, owner: str, nonce: str) -> None:
+        async def op(conn: asyncpg.Connection) -> None:
+            await conn.execute(Q["release_claimed"], nonce, owner)
+
+        await self._call(op, budget=min(self._retry_seconds, self._command_timeout))
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         async def op(conn: asyncpg.Connection) -> Lease:
-            until = await conn.fetchval(
-                "UPDATE runifold_runs SET lease_until = runifold_now() + $3, due_at = runifold_now() + $3 "
-                "WHERE run_id = $1 AND status = 'running' AND lease_token = $2 AND lease_until > runifold_now() "
-                "RETURNING lease_until",
-                lease.run_id, lease.token, lease_seconds,
-            )
+            until = await conn.fetchval(Q["renew"], lease.run_id, lease.token, lease_seconds)
             if until is None:
                 raise LeaseLostError(lease.run_id)
             return Lease(lease.run_id, lease.owner, lease.token, until)
@@ -434,215 +330,116 @@ class PostgresWorkflowStore:
         transition: Transition,
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
-        pending = _PendingCommit(lease, expected_revision, events, transition_columns(transition), consumed_signals,
-                                 asyncio.get_running_loop().create_future())
-        if lease.run_id == self._alone and not self._commits and not self._lane_busy:
-            # the last batch carried only this run's commit: no other run commits here, so
-            # there is no one to wait a pass for; send it at once, from this task
-            self._lane_busy = True
-            try:
-                await self._send_batch([pending])
-            finally:
-                self._lane_busy = False
-                self._start_batcher()
-        else:
-            self._commits.append(pending)  # the next batch takes it
-            self._start_batcher()
-        ok, revision, at = await pending.done
-        if not ok:
-            raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision")
-        if pending.columns is not None and pending.columns.due_at is not None:
+        columns = transition_columns(transition)
+        args = (
+            lease.run_id, lease.token, expected_revision, [e.type for e in events], [e.key for e in events],
+            [e.body.decode() for e in events],
+            None if columns is None else str(columns.status), None if columns is None else columns.due_at,
+            [] if columns is None else list(columns.wait_signals), None if columns is None else columns.reason,
+            list(consumed_signals),
+        )
+        row = await self._call(lambda conn: conn.fetchrow(Q["commit"], *args))
+        if not row["ok"]:
+            raise LeaseLostError(lease.run_id, row["detail"])
+        if columns is not None and columns.due_at is not None:
             self._work.set()  # local idle slots recompute their sleep at once
-        return CommitResult(revision, at)
-
-    def _start_batcher(self) -> None:
-        if self._commits and not self._lane_busy:
-            self._lane_busy = True
-            # owned by the store: a cancelled caller never cancels a batch of others' commits
-            self._batcher = asyncio.ensure_future(self._commit_batches())
-
-    async def _commit_batches(self) -> None:
-        """Send the queued commits, as many as are waiting, in one round trip each time.
-
-        Every batch leaves one pass of the event loop after the batcher starts
-        or after the batch before it is answered. Runs that become ready together
-        (the runs a batch just answered, or runs that ended a wait together)
-        reach their next commits on that pass and share one round trip; commits
-        that arrive while a batch is in flight wait for the next one. A lone
-        commit leaves after that one pass; the next commit of a run that was
-        alone in the last batch skips the batcher (see :meth:`commit`).
-        """
-        try:
-            while True:
-                # let runs that became ready together reach their commits: they join this batch
-                await asyncio.sleep(0)
-                batch: list[_PendingCommit] = []
-                later: list[_PendingCommit] = []
-                seen: set[str] = set()
-                for pending in self._commits:
-                    if pending.done.done():
-                        continue  # its caller was cancelled before it was sent
-                    # a run appears once per batch: the revision fence judges its commits in order
-                    (later if pending.lease.run_id in seen else batch).append(pending)
-                    seen.add(pending.lease.run_id)
-                self._commits = later
-                if not batch:
-                    break
-                await self._send_batch(batch)
-        finally:
-            self._lane_busy = False
-
-    async def _send_batch(self, batch: list[_PendingCommit]) -> None:
-        try:
-            rows = await self._retrying(lambda: self._lane.run(batch), self._lane.lose)
-        except asyncio.CancelledError:
-            self._lane.lose()  # the query may still be running on its connection
-            for pending in batch:
-                pending.done.cancel()
-            raise
-        except Exception as exc:
-            if not isinstance(exc, StoreError):
-                # invariant: no caller waits forever, whatever went wrong
-                exc = StoreError(f"commit batch failed: {exc!r}")
-            if len(batch) > 1 and not isinstance(exc, StoreUnavailableError):
-                for pending in batch:  # find the commit at fault; the others land on their own
-                    await self._send_batch([pending])
-                return
-            for pending in batch:
-                if not pending.done.done():
-                    pending.done.set_exception(exc)
-            return
-        self.batches += 1
-        self.batched_commits += len(batch)
-        self._alone = batch[0].lease.run_id if len(batch) == 1 else None
-        for row in rows:
-            pending = batch[row["item"]]
-            if not pending.done.done():
-                pending.done.set_result((row["ok"], row["new_revision"], row["at"]))
+        return CommitResult(row["new_revision"], row["at"])
 
     async def release(self, lease: Lease) -> None:
-        await self._call(lambda conn: conn.execute(
-            "WITH r AS (UPDATE runifold_runs SET status = 'ready', due_at = runifold_now(), lease_owner = NULL, "
-            "lease_until = NULL WHERE run_id = $1 AND status = 'running' AND lease_token = $2 RETURNING 1) "
-            "SELECT pg_notify($3, '') FROM r",
-            lease.run_id, lease.token, CHANNEL,
-        ))
+        # best effort within one command timeout: if it fails, the lease expires on its own
+        await self._call(lambda conn: conn.execute(Q["release"], lease.run_id, lease.token),
+                         budget=min(self._retry_seconds, self._command_timeout))
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
     ) -> CommitResult:
-        async def op(conn: asyncpg.Connection) -> CommitResult:
-            async with conn.transaction():
-                info = _run_info(await _find(conn, run_ref, lock=True))
-                if info.status not in allowed:
-                    raise not_allowed(info.run_id, info.status, allowed)
-                now = await conn.fetchval("SELECT runifold_now()")
-                await conn.executemany(
-                    "INSERT INTO runifold_events (run_id, seq, type, key, at, body) VALUES ($1, $2, $3, $4, $5, $6::jsonb)",
-                    [(info.run_id, info.revision + i + 1, e.type, e.key, now, e.body.decode()) for i, e in enumerate(events)],
-                )
-                revision = info.revision + len(events)
-                await conn.execute(
-                    "UPDATE runifold_runs SET revision = $2, updated_at = $3, status = $4, due_at = $5, "
-                    "lease_token = lease_token + 1, lease_owner = NULL, lease_until = NULL WHERE run_id = $1",
-                    info.run_id, revision, now, str(status), None if status.finished else now,
-                )
-                await conn.execute("SELECT pg_notify($1, '')", CHANNEL)
-                return CommitResult(revision, now)
+        row = await self._call(lambda conn: conn.fetchrow(
+            Q["intervene"], ref_column(run_ref), run_ref, sorted(str(s) for s in allowed), [e.type for e in events],
+            [e.key for e in events], [e.body.decode() for e in events], str(status)))
+        if row is None:
+            raise RunNotFoundError(run_ref)
+        if row["new_revision"] is None:
+            refused = _rule.intervene_refusal(row["run_id"], RunStatus(row["status"]), allowed)
+            assert refused is not None
+            raise refused
+        return CommitResult(row["new_revision"], row["at"])
 
-        return await self._call(op)
+    async def wake(self, run_ref: str) -> RunInfo:
+        row = await self._call(lambda conn: conn.fetchrow(Q["wake"], ref_column(run_ref), run_ref))
+        if row is None:
+            raise RunNotFoundError(run_ref)
+        refused = _rule.wake_refusal(row["run_id"], RunStatus(row["status"]))
+        if refused is not None:
+            raise refused
+        return await self.get_run(row["run_id"])
 
     async def purge(self, run_ref: str) -> None:
-        async def op(conn: asyncpg.Connection) -> None:
-            async with conn.transaction():
-                info = _run_info(await _find(conn, run_ref, lock=True))
-                if not info.status.finished:
-                    raise not_finished(info.run_id, info.status)
-                for table in ("runifold_events", "runifold_signals", "runifold_signal_audit", "runifold_runs"):
-                    await conn.execute(f"DELETE FROM {table} WHERE run_id = $1", info.run_id)
+        row = await self._call(lambda conn: conn.fetchrow(Q["purge"], ref_column(run_ref), run_ref))
+        if row is None:
+            raise RunNotFoundError(run_ref)
+        refused = _rule.purge_refusal(row["run_id"], RunStatus(row["status"]))
+        if refused is not None:
+            raise refused
 
-        await self._call(op)
+    async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        return int(await self._call(lambda conn: conn.fetchval(Q["purge_finished"], before, limit)))
 
     async def get_run(self, run_ref: str) -> RunInfo:
-        return _run_info(await self._call(lambda c: _find(c, run_ref)))
+        row = await self._call(lambda conn: conn.fetchrow(RUN[ref_column(run_ref)], run_ref))
+        if row is None:
+            raise RunNotFoundError(run_ref)
+        return _run_info(row)
 
     async def list_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None, limit: int = 100
+        self,
+        *,
+        status: RunStatus | None = None,
+        name: str | None = None,
+        version: int | None = None,
+        limit: int = 100,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        rows = await self._call(lambda c: c.fetch(
-            f"SELECT {_RUN_COLUMNS} FROM runifold_runs WHERE ($1::text IS NULL OR status = $1) "
-            "AND ($2::text IS NULL OR name = $2) AND ($3::int IS NULL OR version = $3) ORDER BY run_id DESC LIMIT $4",
-            None if status is None else str(status), name, version, limit,
-        ))
+        rows = await self._call(lambda conn: conn.fetch(
+            Q["list_runs"], None if status is None else str(status), name, version, after, limit))
         return [_run_info(r) for r in rows]
 
+    async def count_runs(
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+    ) -> int:
+        return int(await self._call(lambda conn: conn.fetchval(
+            Q["count_runs"], None if status is None else str(status), name, version)))
+
     async def history(self, run_ref: str) -> list[StoredEvent]:
-        async def op(conn: asyncpg.Connection) -> list[StoredEvent]:
-            return await self._history(conn, (await _find(conn, run_ref))["run_id"])
-
-        return await self._call(op)
-
-    @staticmethod
-    async def _history(conn: asyncpg.Connection, run_id: str) -> list[StoredEvent]:
-        rows = await conn.fetch(
-            "SELECT seq, at, type, key, body::text AS body FROM runifold_events WHERE run_id = $1 ORDER BY seq", run_id
-        )
+        rows = await self._call(lambda conn: conn.fetch(HISTORY[ref_column(run_ref)], run_ref))
+        if not rows:  # every run has its run_started event
+            raise RunNotFoundError(run_ref)
         return [StoredEvent(r["seq"], r["at"], r["type"], r["key"], r["body"].encode()) for r in rows]
 
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
-        payload = _json(delivery.payload).decode()
+        d = delivery
+        args = (d.run_id, d.run_ref, d.signal_id, d.name, d.payload_json(), d.payload_hash, d.sender, d.key_id,
+                d.reason, d.max_unconsumed)
+        row = await self._call(lambda conn: conn.fetchrow(Q["deliver"], *args))
+        if row is None:
+            raise RunNotFoundError(d.run_id)
+        verdict = row["verdict"]
+        if verdict == "rejected:conflict":
+            raise SignalConflictError(d.run_id, d.signal_id)
+        if verdict == "rejected:inbox_full":
+            raise _rule.inbox_full(d.run_id, d.max_unconsumed)
+        return SignalReceipt(d.run_id, d.signal_id, verdict == "duplicate", row["received_at"],
+                             RunStatus(row["run_status"]))
 
-        async def op(conn: asyncpg.Connection) -> SignalReceipt:
-            async with conn.transaction():
-                # invariant: the run row is locked, so a concurrent commit sees this signal or we see its wait
-                info = _run_info(await _find(conn, delivery.run_ref, lock=True))
-                now = await conn.fetchval("SELECT runifold_now()")
-                original = await conn.fetchval(
-                    "INSERT INTO runifold_signals (run_id, signal_id, name, payload, sender, key_id, reason, received_at) "
-                    "VALUES ($1, $2, $3, $4::jsonb, $5, $6, $7, $8) ON CONFLICT (run_id, signal_id) DO NOTHING "
-                    "RETURNING received_at",
-                    info.run_id, delivery.signal_id, delivery.name, payload, delivery.sender, delivery.key_id,
-                    delivery.reason, now,
-                )
-                duplicate = original is None
-                received_at = now
-                if duplicate:
-                    received_at = await conn.fetchval(
-                        "SELECT received_at FROM runifold_signals WHERE run_id = $1 AND signal_id = $2",
-                        info.run_id, delivery.signal_id,
-                    )
-                verdict = "duplicate" if duplicate else "accepted"
-                detail = "run finished; kept unconsumed" if info.status.finished and not duplicate else ""
-                await _insert_audit(conn, AuditRecord(
-                    info.run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender,
-                    delivery.key_id, verdict, delivery.payload_hash, delivery.reason, detail, now))
-                if not duplicate:
-                    await conn.execute(
-                        "WITH r AS (UPDATE runifold_runs SET due_at = $2 WHERE run_id = $1 AND status = 'waiting' "
-                        "AND $3 = ANY (wait_signals) RETURNING 1) SELECT pg_notify($4, '') FROM r",
-                        info.run_id, now, delivery.name, CHANNEL,
-                    )
-                return SignalReceipt(info.run_id, delivery.signal_id, duplicate, received_at, info.status)
-
-        return await self._call(op)
-
-    async def record_rejected(self, record: AuditRecord) -> None:
-        await self._call(lambda conn: _insert_audit(conn, record))
+    async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:
+        r = clean_audit(record)
+        cap = max_per_run if r.run_id is not None else 10 * max_per_run
+        await self._call(lambda conn: conn.execute(
+            Q["record_rejected"], r.run_id, r.run_ref, r.signal_id, r.name, r.sender, r.key_id, r.verdict,
+            r.payload_hash, r.reason, r.detail, r.at, cap))
 
     async def audit(self, run_ref: str) -> list[AuditRecord]:
-        async def op(conn: asyncpg.Connection) -> list[AuditRecord]:
-            try:
-                run_id = (await _find(conn, run_ref))["run_id"]
-            except RunNotFoundError:
-                run_id = None
-            rows = await conn.fetch(
-                "SELECT run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason, detail, at "
-                "FROM runifold_signal_audit WHERE run_id = $1 OR run_ref = $2 ORDER BY id",
-                run_id, run_ref,
-            )
-            return [AuditRecord(*r) for r in rows]
-
-        return await self._call(op)
+        rows = await self._call(lambda conn: conn.fetch(AUDIT[ref_column(run_ref)], run_ref))
+        return [AuditRecord(*r) for r in rows]
 
     # -- waking idle workers ---------------------------------------------------------
 
@@ -656,12 +453,14 @@ class PostgresWorkflowStore:
 
     async def _connect_listener(self) -> None:
         try:
-            conn = await asyncpg.connect(self.dsn)
-            await conn.add_listener(CHANNEL, self._notified)
+            async with asyncio.timeout(self._command_timeout):
+                conn = await asyncpg.connect(self.dsn, timeout=self._command_timeout)
+                await _keepalive(self._keepalive_seconds)(conn)
+                await conn.add_listener(CHANNEL, self._notified)
             conn.add_termination_listener(self._listener_lost)
             self._listener = conn
-        except _DRIVER_ERRORS as exc:
-            log.warning("listen_failed", error=str(exc))
+        except (*_DRIVER_ERRORS, asyncio.TimeoutError) as exc:
+            log.warning("listen_failed", error=repr(exc))
             self._listener = None
 
     def _notified(self, *_: Any) -> None:
@@ -691,8 +490,8 @@ class PostgresWorkflowStore:
     async def _next_due(self) -> float | None:
         """Seconds until the next *future* due time (a due run we could not claim must not make us spin)."""
         try:
-            value: float | None = await self._call(lambda c: c.fetchval(
-                "SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at > (SELECT runifold_now())"))
+            value: float | None = await self._call(lambda c: c.fetchval(Q["next_due"]),
+                                                   budget=self._command_timeout)
         except StoreError:
             return None
         return value
@@ -703,145 +502,26 @@ class PostgresWorkflowStore:
         return self._listener
 
     async def close(self) -> None:
-        for pending in (self._batcher, self._claimer, self._connecting, self._due_query, *self._releasing):
+        for pending in (self._connecting, self._due_query):
             if pending is not None:
+                pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
-        await self._lane.close()
-        await self._claim_lane.close()
         if self._listener is not None and not self._listener.is_closed():
-            await self._listener.close()
-        await self._pool.close()
-
-
-@dataclass(slots=True)
-class _PendingCommit:
-    """A commit waiting for the next batch; ``done`` gets (ok, new revision, at)."""
-
-    lease: Lease
-    expected: int
-    events: Sequence[EventRow]
-    columns: RunColumns | None
-    consumed: Sequence[str]
-    done: asyncio.Future[tuple[bool, int, float]]
-
-
-@dataclass(slots=True)
-class _PendingClaim:
-    """A claim waiting for the next claiming round trip; ``key`` is (owner, names, exclude, lease seconds)."""
-
-    key: tuple[str, list[str], list[str], float]
-    done: asyncio.Future[Claim | None]
-
-
-class _Lane:
-    """A connection of the store's own that sends one statement at a time; opened on first use."""
-
-    def __init__(self, dsn: str, application: str) -> None:
-        self._dsn = dsn
-        self._application = application
-        self._conn: asyncpg.Connection | None = None
-
-    async def _connect(self) -> asyncpg.Connection:
-        self._conn = await asyncpg.connect(self._dsn, server_settings={"application_name": self._application})
-        return self._conn
-
-    async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record]:
-        conn = self._conn
-        if conn is None or conn.is_closed():
-            conn = await self._connect()
-        rows: list[asyncpg.Record] = await conn.fetch(sql, *args)
-        return rows
-
-    async def run(self, batch: Sequence[_PendingCommit]) -> list[asyncpg.Record]:
-        """Send the commits of ``batch``; one row (item, ok, new_revision, at) per commit."""
-        if len(batch) == 1 and batch[0].columns is None and not batch[0].consumed:
-            # a lone step: one plain statement costs the server less than the batch function
-            p = batch[0]
-            conn = self._conn
-            if conn is None or conn.is_closed():
-                conn = await self._connect()
-            row = await conn.fetchrow(
-                _STEP, p.lease.run_id, p.lease.token, p.expected,
-                [e.type for e in p.events], [e.key for e in p.events], [e.body.decode() for e in p.events])
-            return [row]
-        return await self.fetch(_BATCH, *_batch_arrays(batch))
-
-    def lose(self) -> None:
-        """Drop the connection (lost, or a query may still run on it); the next batch opens another."""
-        if self._conn is not None:
-            self._conn.terminate()
-            self._conn = None
-
-    async def close(self) -> None:
-        if self._conn is not None and not self._conn.is_closed():
-            await self._conn.close()
-
-
-def _batch_arrays(batch: Sequence[_PendingCommit]) -> tuple[list[Any] | None, ...]:
-    """The arguments of ``runifold_commit_arrays`` (its migration documents them).
-
-    When no commit of the batch changes the run's status or consumes a signal
-    (steps only, the usual batch), the five arrays that would hold nothing but
-    NULLs go as NULL: the function reads a NULL array's elements as NULL, and
-    the client encodes 5 arrays fewer (about a tenth of a batch's client CPU).
-    """
-    run: list[str] = []
-    token: list[int] = []
-    expected: list[int] = []
-    count: list[int] = []
-    status: list[str | None] = []
-    due: list[float | None] = []
-    reason: list[str | None] = []
-    waits: list[str | None] = []
-    consumed: list[str | None] = []
-    item: list[int] = []
-    seq: list[int] = []
-    types: list[str] = []
-    keys: list[str] = []
-    bodies: list[str] = []
-    for i, p in enumerate(batch, 1):
-        run.append(p.lease.run_id)
-        token.append(p.lease.token)
-        expected.append(p.expected)
-        count.append(len(p.events))
-        columns = p.columns
-        if columns is None:
-            status.append(None)
-            due.append(None)
-            reason.append(None)
-            waits.append(None)
-        else:
-            status.append(str(columns.status))
-            due.append(columns.due_at)
-            reason.append(columns.reason)
-            waits.append(_json(columns.wait_signals).decode() if columns.wait_signals else None)
-        consumed.append(_json(p.consumed).decode() if p.consumed else None)
-        for j, e in enumerate(p.events, 1):
-            item.append(i)
-            seq.append(p.expected + j)
-            types.append(e.type)
-            keys.append(e.key)
-            bodies.append(e.body.decode())
-    if all(p.columns is None and not p.consumed for p in batch):
-        return run, token, expected, count, None, None, None, None, None, item, seq, types, keys, bodies
-    return run, token, expected, count, status, due, reason, waits, consumed, item, seq, types, keys, bodies
+            self._listener.terminate()
+        try:
+            await asyncio.wait_for(self._pool.close(), self._command_timeout)
+        except (TimeoutError, *_DRIVER_ERRORS):
+            self._pool.terminate()
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Pool reset hook: skip the default reset round trip on every release.
-
-    Pooled connections never change session state: no SET, no LISTEN (the
-    listener has its own connection), and the migration lock is transaction-scoped.
-    """
+    """Pool reset hook: skip the reset round trip on every release (pooled connections never change session state)."""
 
 
-async def _insert_audit(conn: asyncpg.Connection, r: AuditRecord) -> None:
-    await conn.execute(
-        "INSERT INTO runifold_signal_audit (run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, "
-        "reason, detail, at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        r.run_id, r.run_ref, r.signal_id, r.name, r.sender, r.key_id, r.verdict, r.payload_hash, r.reason, r.detail,
-        r.at,
-    )
+def _logged(task: asyncio.Future[None]) -> None:
+    """Log a failed hand-back; the run's lease then expires on its own and another claim takes it."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("claim_not_released", error=repr(task.exception()))
 
 
 def _redact(dsn: str) -> str:

@@ -1,30 +1,35 @@
 """The embedded SQLite store: one machine, durable by default.
 
 * WAL journal, ``synchronous=FULL``: a commit is on disk when it returns.
-* One writer connection per store, owned by a writer thread that commits in
-  groups: writes that arrive while a transaction is in progress are committed
-  together in the next one, and each caller is answered only after that
-  commit. Concurrent runs share an fsync; every guarantee holds per operation.
-* While this store holds at most one run's lease and the writer thread is idle,
-  a one-statement write (claim, step commit, renew, release) runs in the
-  calling thread instead: there is nobody to group with, and the thread
-  hand-off would cost more CPU than the statement. The event loop waits for
-  that one fsync.
-* ``BEGIN IMMEDIATE`` with a busy timeout and bounded retries, so several
-  processes can share one file and ``database is locked`` never reaches a user
-  (it becomes :class:`StoreUnavailableError` only after ``busy_seconds``).
-  The in-caller write never waits for a lock: if another process holds it, the
-  write goes to the writer thread.
-* Reads use a second connection in its own thread and never wait for the writer.
+* Two connections, each owned by a thread of the store's (``_thread.py``):
+  a writer and a reader. The writer commits in groups: every write queued
+  while a transaction is in progress goes into the next one (each in its own
+  savepoint, so one that fails fails alone), and each caller is answered only
+  after that commit. Concurrent runs share an fsync.
+* While the store holds at most one run's lease and the writer is idle, a
+  write runs on the writer's connection in the calling thread instead
+  (``direct_writes``): nobody could share its fsync, and the hand-off to the
+  thread and back costs more than the write. It never waits for a lock there:
+  if another process holds it, the write goes to the writer thread.
+* Another process holding the write lock is waited for up to ``busy_seconds``
+  of wall time per operation, then :class:`StoreUnavailableError`;
+  ``database is locked`` never reaches a user.
+* ``readonly=True`` opens an existing database for reading only: no
+  migration, no WAL switch, no file created.
+
+What an operation writes is decided by :mod:`runifold.stores._rule`; the
+statements are in ``sql/sqlite/queries.sql``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any, NamedTuple, TypeVar, final
+import urllib.parse
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, TypeVar, final
 
 import msgspec
 from runifold._log import get_logger
@@ -34,10 +39,11 @@ from runifold.errors import (
     LeaseLostError,
     RunifoldError,
     RunNotFoundError,
+    SignalConflictError,
     StoreError,
     StoreUnavailableError,
 )
-from runifold.stores._migrations import migrations
+from runifold.stores import _rule
 from runifold.stores._protocol import (
     AuditRecord,
     Claim,
@@ -53,81 +59,95 @@ from runifold.stores._protocol import (
     StoredEvent,
     Transition,
     WorkflowTask,
+    clean_audit,
     new_run_id,
-    not_allowed,
-    not_finished,
-    same_task,
+    ref_column,
     transition_columns,
 )
+from runifold.stores._sql import by_ref, migrations, newer_schema, queries
 from runifold.stores._thread import ConnectionThread, Outcome
 
 T = TypeVar("T")
 Op = Callable[[sqlite3.Connection], T]
 log = get_logger("runifold.stores.sqlite")
 
+Q = queries("sqlite")
+RUN = by_ref(Q["run"])
+TASK_OF = by_ref(Q["task_of"])
+SCHEMA_VERSION = migrations("sqlite")[-1][0]
 _BUSY = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_BUSY_SNAPSHOT", "SQLITE_BUSY_RECOVERY", "SQLITE_LOCKED_SHAREDCACHE"}
-_RUN_COLUMNS = (
-    "run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, "
-    "lease_until, created_at, updated_at, reason"
-)
 _json = msgspec.json.encode
 
 
-def _is_busy(exc: sqlite3.Error) -> bool:
-    return getattr(exc, "sqlite_errorname", "") in _BUSY
+def _errorname(exc: sqlite3.Error) -> str:
+    return getattr(exc, "sqlite_errorname", "") or type(exc).__name__
 
 
-def _translate(exc: sqlite3.Error) -> StoreError:
-    name = getattr(exc, "sqlite_errorname", type(exc).__name__)
+def _is_busy(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.Error) and _errorname(exc) in _BUSY
+
+
+def _translate(exc: sqlite3.Error, path: str) -> StoreError:
+    """The one place SQLite errors become runifold errors, by error name."""
+    name = _errorname(exc)
     if _is_busy(exc):
         return StoreUnavailableError(
-            f"the SQLite database stayed locked ({name}); another process holds a long write "
-            "transaction. Retry later, or move many concurrent writers to PostgreSQL"
+            f"the SQLite database {path} stayed locked ({name}) past the busy budget; another process holds a "
+            "long write transaction. Retry later, raise busy_seconds, or move many concurrent writers to PostgreSQL"
         )
-    return StoreError(f"SQLite error {name}: {exc}")
+    if name in ("SQLITE_CANTOPEN", "SQLITE_CANTOPEN_ISDIR", "SQLITE_PERM", "SQLITE_READONLY", "SQLITE_IOERR"):
+        return StoreUnavailableError(
+            f"cannot write the SQLite database {path} ({name}: {exc}); check that the file and its folder exist and "
+            "are writable, or open it read-only (sqlite:///path?mode=ro) for commands that only read"
+        )
+    return StoreError(f"SQLite error {name} on {path}: {exc}")
 
 
 def _run_info(row: Sequence[Any]) -> RunInfo:
     return RunInfo(row[0], row[1], row[2], row[3], RunStatus(row[4]), row[5], row[6], row[7], row[8],
-                   row[9], row[10], row[11], row[12])
+                   row[9], row[10], row[11], row[12], row[13])
 
 
-def _one(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
-    return conn.execute(sql, params).fetchone()
-
-
-def _all(conn: sqlite3.Connection, sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    return conn.execute(sql, params).fetchall()
+def _state(row: Sequence[Any]) -> _rule.RunState:
+    return _rule.RunState(RunStatus(row[4]), row[5], row[8], row[9], tuple(msgspec.json.decode(row[14])), row[12])
 
 
 def _find(conn: sqlite3.Connection, ref: str) -> Any:
-    row = _one(conn, f"SELECT {_RUN_COLUMNS}, wait_signals FROM runs WHERE run_id = ? OR checkpoint_id = ?", (ref, ref))
+    row = conn.execute(RUN[ref_column(ref)], (ref,)).fetchone()
     if row is None:
         raise RunNotFoundError(ref)
     return row
 
 
 def _insert_events(conn: sqlite3.Connection, run_id: str, first_seq: int, events: Sequence[EventRow], now: float) -> None:
-    conn.executemany(
-        "INSERT INTO events (run_id, seq, type, key, at, body) VALUES (?, ?, ?, ?, ?, ?)",
-        [(run_id, first_seq + i, e.type, e.key, now, e.body.decode()) for i, e in enumerate(events)],
-    )
+    conn.executemany(Q["insert_event"],
+                     [(run_id, first_seq + i, e.type, e.key, now, e.body.decode()) for i, e in enumerate(events)])
 
 
-def _connect(path: str, busy_ms: int) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+def _delete(conn: sqlite3.Connection, run_id: str) -> None:
+    for statement in ("delete_events", "delete_signals", "delete_audit", "delete_run"):
+        conn.execute(Q[statement], (run_id,))
+
+
+def _begin(conn: sqlite3.Connection, deadline: float) -> None:
+    """``BEGIN IMMEDIATE``, waiting for another process's lock until ``deadline`` (monotonic), no longer."""
     try:
-        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
-        conn.execute("PRAGMA foreign_keys = ON")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+        conn.execute("BEGIN IMMEDIATE")
+        return
+    except sqlite3.OperationalError as exc:
+        remaining = deadline - time.monotonic()
+        if not _is_busy(exc) or remaining <= 0:
+            raise
+    # invariant: the connection's own busy timeout is 0; this one wait is the operation's whole budget
+    conn.execute(f"PRAGMA busy_timeout = {int(remaining * 1000)}")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    finally:
+        conn.execute("PRAGMA busy_timeout = 0")
 
 
-class _Write(NamedTuple):
-    op: Op[Any]
-    single: bool  # one statement: alone, it runs in autocommit
+def _file_uri(path: str, **params: str) -> str:
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?{urllib.parse.urlencode(params)}"
 
 
 @final
@@ -135,29 +155,32 @@ class SqliteWorkflowStore:
     """A :class:`WorkflowStore` in one SQLite file.
 
     Open it with ``await SqliteWorkflowStore.open(path)``; the schema is created
-    or migrated on open.
+    or migrated on open (unless ``readonly``).
     """
 
     def __init__(
         self,
         path: str,
-        connections: tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection],
+        writer: sqlite3.Connection | None,
+        reader: sqlite3.Connection,
         clock: Callable[[], float],
         busy_seconds: float,
         direct_writes: bool,
     ) -> None:
         self.path = path
-        self._direct_writes = direct_writes
         self._clock = clock
         self._busy_seconds = busy_seconds
-        writer, reader, self._direct = connections
-        self._writer = ConnectionThread(writer, self._apply, "runifold-sqlite-writer")
+        self._direct_writes = direct_writes
+        self._writer = None if writer is None else ConnectionThread(writer, self._apply, "runifold-sqlite-writer")
         self._reader = ConnectionThread(reader, _read_each, "runifold-sqlite-reader")
         #: the leases this store handed out and has not seen end: run id -> lease_until
         self._leases: dict[str, float] = {}
         self._work = asyncio.Event()
-        # durable transactions (fsyncs) and write operations, counted by the thread that ran them
-        self._counts = {"direct": [0, 0], "thread": [0, 0]}
+        #: durable transactions (fsyncs) and the write operations they carried
+        self.transactions = 0
+        self.operations = 0
+        #: writes that ran in the calling thread (``direct_writes``)
+        self.direct = 0
 
     @classmethod
     async def open(
@@ -167,6 +190,7 @@ class SqliteWorkflowStore:
         clock: Callable[[], float] = time.time,
         durable: bool = True,
         busy_seconds: float = 30.0,
+        readonly: bool = False,
         direct_writes: bool = True,
     ) -> SqliteWorkflowStore:
         """Open (creating and migrating if needed) the store at ``path``.
@@ -176,33 +200,43 @@ class SqliteWorkflowStore:
             clock: the store's clock; inject a fake one in tests.
             durable: ``synchronous=FULL`` (default) or ``NORMAL`` (faster, may lose
                 the last commits on power loss, never corrupts).
-            busy_seconds: how long a write waits for another process's lock.
-            direct_writes: while the store holds at most one lease, run one-statement
-                writes in the calling thread (default). ``False`` sends every write
-                through the writer thread, so the event loop never waits for an fsync,
-                at about 0.1 ms more CPU per step.
-        """
+            busy_seconds: how long one operation waits, in all, for another process's lock.
+            readonly: open an existing database for reading only (no migration, no
+                file created; works on a read-only file system). Writes raise
+                :class:`StoreError`.
+            direct_writes: while the store holds at most one lease, run a write in the
+                calling thread when the writer thread is idle (default). ``False``
+                sends every write through the writer thread, so the event loop never
+                waits for an fsync, at some CPU per step.
 
-        def connect() -> tuple[sqlite3.Connection, sqlite3.Connection, sqlite3.Connection]:
-            opened: list[sqlite3.Connection] = []
+        Raises:
+            StoreUnavailableError: the database cannot be opened (the message names the path).
+            StoreError: its schema is newer than this runifold.
+        """
+        if readonly:
+            reader = await asyncio.to_thread(_open_readonly, path, busy_seconds)
+            return cls(path, None, reader, clock, busy_seconds, False)
+
+        def connect() -> tuple[sqlite3.Connection, sqlite3.Connection]:
+            writer = sqlite3.connect(path, timeout=0, isolation_level=None, check_same_thread=False)
             try:
-                # the writer and reader wait for locks; the direct writer never does
-                for busy_ms in (5000, 5000, 0):
-                    opened.append(_connect(path, busy_ms))
-                _with_busy_retry(lambda: opened[0].execute("PRAGMA journal_mode = WAL"), busy_seconds)
-                for conn in (opened[0], opened[2]):
-                    conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+                deadline = time.monotonic() + busy_seconds
+                _begin(writer, deadline)  # waits out a migrating process, within the budget
+                writer.execute("COMMIT")
+                if writer.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    writer.execute("PRAGMA journal_mode = WAL")
+                writer.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+                reader = sqlite3.connect(path, timeout=busy_seconds, isolation_level=None, check_same_thread=False)
             except BaseException:
-                for conn in opened:
-                    conn.close()
+                writer.close()
                 raise
-            return opened[0], opened[1], opened[2]
+            return writer, reader
 
         try:
-            connections = await asyncio.to_thread(connect)
+            writer, reader = await asyncio.to_thread(connect)
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
-        store = cls(path, connections, clock, busy_seconds, direct_writes)
+            raise _open_error(exc, path) from exc
+        store = cls(path, writer, reader, clock, busy_seconds, direct_writes)
         try:
             await store.migrate()
         except BaseException:
@@ -212,115 +246,92 @@ class SqliteWorkflowStore:
 
     async def migrate(self) -> int:
         """Apply pending schema migrations; return the schema version."""
+        if self._writer is None:
+            return await self._read(lambda conn: _schema_version(conn, self.path))
 
         def op(conn: sqlite3.Connection) -> int:
-            conn.execute("CREATE TABLE IF NOT EXISTS runifold_schema (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)")
-            current = int(_one(conn, "SELECT COALESCE(MAX(version), 0) FROM runifold_schema")[0])
+            conn.execute(Q["create_schema_table"])
+            current = int(conn.execute(Q["schema_version"]).fetchone()[0] or 0)
+            if current > SCHEMA_VERSION:
+                raise newer_schema(self.path, current, SCHEMA_VERSION)
             for version, sql in migrations("sqlite"):
                 if version > current:
                     for statement in _statements(sql):
                         conn.execute(statement)
-                    conn.execute("INSERT INTO runifold_schema VALUES (?, ?)", (version, self._clock()))
+                    conn.execute(Q["record_version"], (version, self._clock()))
                     current = version
                     log.info("schema_migrated", path=self.path, version=version)
             return current
 
         return await self._write(op)
 
-    @property
-    def transactions(self) -> int:
-        """Durable transactions (fsyncs) so far: grouped commits share one."""
-        return self._counts["direct"][0] + self._counts["thread"][0]
+    # -- writes ---------------------------------------------------------------------
 
-    @property
-    def operations(self) -> int:
-        """Write operations so far."""
-        return self._counts["direct"][1] + self._counts["thread"][1]
-
-    @property
-    def direct(self) -> int:
-        """Writes that ran in the caller's thread because the store was alone."""
-        return self._counts["direct"][1]
-
-    # -- writes: in the caller when alone, else grouped in the writer thread ----------
-
-    async def _write(self, op: Op[T], *, single: bool = False, wake: bool = False) -> T:
-        """Run a write. ``single`` ops are one statement; ``wake`` tells idle workers to look again."""
+    async def _write(self, op: Op[T], *, wake: bool = False, orphan: Callable[[T], None] | None = None) -> T:
+        """Run a write, grouped with others in the writer thread or, alone, in the caller."""
+        if self._writer is None:
+            raise StoreError(f"the SQLite store {self.path} was opened read-only; open it without readonly to write")
         try:
-            if single and self._alone():
-                try:
-                    value = op(self._direct)
-                except sqlite3.OperationalError as exc:
-                    if not _is_busy(exc):
-                        raise
-                    # another process holds the lock: wait for it in the writer thread, not here
-                else:
-                    self._count("direct", 1)
-                    return value
-            return await self._writer.submit(_Write(op, single))  # type: ignore[no-any-return]
+            if self._alone():
+                [(value, exc)] = self._apply(self._writer.connection, [op], budget=0.0)
+                if exc is None:
+                    self.direct += 1
+                    return value  # type: ignore[no-any-return]
+                if not _is_busy(exc):
+                    raise exc
+                # another process holds the lock: wait for it in the writer thread, not here
+            return await self._writer.submit(op, orphan)  # type: ignore[no-any-return]
         except sqlite3.Error as exc:
-            raise _translate(exc) from exc
+            raise _translate(exc, self.path) from exc
         finally:
             if wake:
                 self._work.set()
 
     def _alone(self) -> bool:
-        """At most one lease of ours is live and the writer thread has nothing to do."""
-        if self._writer.in_flight or not self._direct_writes:
+        """Direct writes are on, the writer thread has nothing to do, and at most one lease of ours is live."""
+        if not self._direct_writes or self._writer is None or self._writer.in_flight:
             return False
         if len(self._leases) > 1:
             now = self._clock()
             self._leases = {run_id: until for run_id, until in self._leases.items() if until > now}
         return len(self._leases) <= 1
 
-    def _apply(self, conn: sqlite3.Connection, writes: Sequence[_Write]) -> list[Outcome]:
-        """In the writer thread: one write alone in autocommit, several in one transaction."""
-        if len(writes) == 1 and writes[0].single:
-            try:
-                value = _with_busy_retry(lambda: writes[0].op(conn), self._busy_seconds)
-            except (RunifoldError, sqlite3.Error) as exc:
-                return [(None, exc)]
-            self._count("thread", 1)
-            return [(value, None)]
+    def _apply(self, conn: sqlite3.Connection, ops: Sequence[Op[Any]], budget: float | None = None) -> list[Outcome]:
+        """Run ``ops`` in one transaction, each in its own savepoint when there are several."""
+        deadline = time.monotonic() + (self._busy_seconds if budget is None else budget)
         try:
-            return self._transaction(conn, writes)
+            _begin(conn, deadline)
         except sqlite3.Error as exc:
-            if len(writes) == 1:
-                return [(None, exc)]
-        # isolate the failing operation: retry each on its own
+            return [(None, exc)] * len(ops)
         outcomes: list[Outcome] = []
-        for write in writes:
-            try:
-                outcomes += self._transaction(conn, [write])
-            except sqlite3.Error as exc:
-                outcomes.append((None, exc))
-        return outcomes
-
-    def _transaction(self, conn: sqlite3.Connection, writes: Sequence[_Write]) -> list[Outcome]:
-        _with_busy_retry(lambda: conn.execute("BEGIN IMMEDIATE"), self._busy_seconds)
-        outcomes: list[Outcome] = []
+        grouped = len(ops) > 1
         try:
-            for write in writes:
+            for op in ops:
+                if grouped:
+                    conn.execute("SAVEPOINT op")
                 try:
-                    outcomes.append((write.op(conn), None))
-                except RunifoldError as exc:
-                    # invariant: an operation raises a RunifoldError only before it writes
-                    # (or when a trigger aborted its one statement, which undoes that statement)
+                    outcomes.append((op(conn), None))
+                except Exception as exc:  # the operation's writes are undone; the others' stand
+                    conn.execute("ROLLBACK TO op" if grouped else "ROLLBACK")
+                    if not grouped:
+                        return [(None, exc)]
                     outcomes.append((None, exc))
-            _with_busy_retry(lambda: conn.execute("COMMIT"), self._busy_seconds)
-        except BaseException:
-            try:
+                if grouped:
+                    conn.execute("RELEASE op")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
-        self._count("thread", len(writes))
+            return [(None, exc)] * len(ops)
+        self.transactions += 1
+        self.operations += len(ops)
         return outcomes
 
-    def _count(self, where: str, operations: int) -> None:
-        counts = self._counts[where]
-        counts[0] += 1
-        counts[1] += operations
+    async def _read(self, fn: Op[T]) -> T:
+        try:
+            return await self._reader.submit(fn)  # type: ignore[no-any-return]
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from exc
 
     # -- protocol -----------------------------------------------------------------
 
@@ -328,25 +339,30 @@ class SqliteWorkflowStore:
         return self._clock()
 
     async def enqueue(self, task: WorkflowTask) -> EnqueueResult:
-        input_json = task.input_json()
-        first = task.first_event()
+        return (await self.enqueue_many([task]))[0]
 
-        def op(conn: sqlite3.Connection) -> EnqueueResult:
-            if task.checkpoint_id is not None:
-                row = _one(conn, "SELECT run_id, name, version, input_json FROM runs WHERE checkpoint_id = ?", (task.checkpoint_id,))
-                if row is not None:
-                    if same_task(task, row[1], row[2], row[3].encode()):
-                        return EnqueueResult(row[0], False)
-                    raise EnqueueConflictError(task.checkpoint_id, row[0])
+    async def enqueue_many(self, tasks: Sequence[WorkflowTask]) -> list[EnqueueResult]:
+        planned = [(task, task.input_json().decode(), task.first_event()) for task in tasks]
+
+        def op(conn: sqlite3.Connection) -> list[EnqueueResult]:
             now = self._clock()
-            run_id = new_run_id(now)
-            conn.execute(
-                "INSERT INTO runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at, "
-                "created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?)",
-                (run_id, task.checkpoint_id, task.name, task.version, input_json.decode(), now, now, now),
-            )
-            _insert_events(conn, run_id, 1, [first], now)
-            return EnqueueResult(run_id, True)
+            results = []
+            for task, input_json, first in planned:
+                run_id = new_run_id(now)
+                existing = None
+                if task.checkpoint_id is not None:
+                    existing = conn.execute(TASK_OF["checkpoint_id"], (task.checkpoint_id,)).fetchone()
+                verdict = _rule.enqueue_verdict(existing, run_id, task.name, task.version, input_json)
+                if existing is not None and verdict == "conflict":
+                    raise EnqueueConflictError(task.checkpoint_id or "", existing[0])
+                if existing is not None and verdict == "existing":
+                    results.append(EnqueueResult(existing[0], False))
+                    continue
+                conn.execute(Q["insert_run"], (run_id, task.checkpoint_id, task.name, task.version, input_json,
+                                               now, now, now))
+                _insert_events(conn, run_id, 1, [first], now)
+                results.append(EnqueueResult(run_id, True))
+            return results
 
         return await self._write(op, wake=True)
 
@@ -356,47 +372,43 @@ class SqliteWorkflowStore:
         names_json = _json(sorted(names)).decode()
         exclude_json = _json(sorted(exclude)).decode()
 
-        def op(conn: sqlite3.Connection) -> tuple[Any, float] | None:
+        def op(conn: sqlite3.Connection) -> Claim | None:
             now = self._clock()
             until = now + lease_seconds
-            row = _one(
-                conn,
-                "UPDATE runs SET status = 'running', lease_token = lease_token + 1, lease_owner = ?, "
-                "lease_until = ?, due_at = ?, updated_at = ? WHERE run_id = ("
-                "  SELECT run_id FROM runs WHERE due_at IS NOT NULL AND due_at <= ?"
-                # '+name': never let the planner trade the small due-time index for the name index
-                "  AND +name IN (SELECT value FROM json_each(?))"
-                "  AND run_id NOT IN (SELECT value FROM json_each(?))"
-                "  ORDER BY due_at LIMIT 1"
-                ") RETURNING run_id, checkpoint_id, name, version, lease_token",
-                (owner, until, until, now, now, names_json, exclude_json),
-            )
-            return None if row is None else (row, now)
+            row = conn.execute(Q["claim"], (owner, until, until, now, now, names_json, exclude_json)).fetchone()
+            if row is None:
+                return None
+            run_id, checkpoint_id, name, version, token, recoveries = row
+            # invariant: read in the claim's transaction, so the history is the one the lease covers
+            return Claim(run_id, checkpoint_id, name, version, Lease(run_id, owner, token, until), now,
+                         _history(conn, run_id), _inbox(conn, run_id), recoveries=recoveries)
 
-        claimed = await self._write(op, single=True)
-        if claimed is None:
-            return None
-        (run_id, checkpoint_id, name, version, token), now = claimed
-        self._leases[run_id] = now + lease_seconds
-        # invariant: while we hold the lease nobody else appends, so reading after the claim is consistent
-        history, inbox = await self._read(lambda c: (self._history(c, run_id), self._inbox(c, run_id)))
-        return Claim(run_id, checkpoint_id, name, version, Lease(run_id, owner, token, now + lease_seconds),
-                     now, history, inbox)
+        claim = await self._write(op, orphan=self._hand_back)
+        if claim is not None:
+            self._leases[claim.run_id] = claim.lease.until
+        return claim
+
+    def _hand_back(self, claim: Claim | None) -> None:
+        """A claim whose caller was cancelled while it ran: release the run at once rather than orphan its lease."""
+        if claim is not None and self._writer is not None:
+            self._writer.submit(lambda conn: conn.execute(Q["release"], (self._clock(), claim.run_id, claim.lease.token)))
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         def op(conn: sqlite3.Connection) -> Lease:
             now = self._clock()
-            until = now + lease_seconds
-            changed = conn.execute(
-                "UPDATE runs SET lease_until = ?, due_at = ? WHERE run_id = ? AND status = 'running' "
-                "AND lease_token = ? AND lease_until > ?",
-                (until, until, lease.run_id, lease.token, now),
-            ).rowcount
-            if not changed:
+            row = conn.execute(RUN["run_id"], (lease.run_id,)).fetchone()
+            run = None if row is None else _state(row)
+            if _rule.fence(run, lease, row[5] if row else 0, now) is not None:
                 raise LeaseLostError(lease.run_id)
+            until = now + lease_seconds
+            conn.execute(Q["renew"], (until, until, lease.run_id))
             return Lease(lease.run_id, lease.owner, lease.token, until)
 
-        renewed = await self._leased(lease, self._write(op, single=True), ends=False)
+        try:
+            renewed = await self._write(op)
+        except LeaseLostError:
+            self._leases.pop(lease.run_id, None)
+            raise
         self._leases[lease.run_id] = renewed.until
         return renewed
 
@@ -409,157 +421,162 @@ class SqliteWorkflowStore:
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
         columns = transition_columns(transition)
-        events_json = _json([[e.type, e.key, e.body.decode()] for e in events]).decode()
-        consumed_json = _json(list(consumed_signals)).decode()
-        wait_json = "[]" if columns is None else _json(list(columns.wait_signals)).decode()
 
         def op(conn: sqlite3.Connection) -> CommitResult:
             now = self._clock()
-            try:
-                conn.execute(
-                    "INSERT INTO commit_requests (run_id, token, expected, now, events, has_transition, status, "
-                    "due_at, wait_signals, reason, consumed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (lease.run_id, lease.token, expected_revision, now, events_json, columns is not None,
-                     None if columns is None else str(columns.status), None if columns is None else columns.due_at,
-                     wait_json, "" if columns is None else columns.reason, consumed_json),
-                )
-            except sqlite3.IntegrityError as exc:
-                if getattr(exc, "sqlite_errorname", "") == "SQLITE_CONSTRAINT_TRIGGER":
-                    raise LeaseLostError(lease.run_id, "fenced off by a newer lease or revision") from None
-                raise
-            return CommitResult(expected_revision + len(events), now)
+            row = conn.execute(RUN["run_id"], (lease.run_id,)).fetchone()
+            run = None if row is None else _state(row)
+            refused = _rule.fence(run, lease, expected_revision, now)
+            if refused is not None:
+                stored = conn.execute(Q["events_after"], (lease.run_id, expected_revision)).fetchall()
+                if _rule.is_own_retry(run, lease, expected_revision, events, columns, stored):
+                    return CommitResult(row[5], row[11])
+                raise LeaseLostError(lease.run_id, refused)
+            revision = expected_revision + len(events)
+            _insert_events(conn, lease.run_id, expected_revision + 1, events, now)
+            if consumed_signals:
+                conn.executemany(Q["consume"], [(lease.run_id, s) for s in consumed_signals])
+            if columns is None:
+                conn.execute(Q["append"], (revision, now, lease.run_id))
+            else:
+                unconsumed: Collection[str] = ()
+                if columns.status is RunStatus.WAITING and columns.wait_signals:
+                    unconsumed = {r[0] for r in conn.execute(Q["unconsumed_names"], (lease.run_id,))}
+                conn.execute(Q["transition"], (revision, now, columns.status, _rule.commit_due(columns, now, unconsumed),
+                                               _json(columns.wait_signals).decode(), columns.reason, lease.run_id))
+            return CommitResult(revision, now)
 
-        # a transition changes the run's due time (idle slots re-check) and ends the lease
-        ends = columns is not None
-        return await self._leased(lease, self._write(op, single=True, wake=ends), ends=ends)
-
-    async def release(self, lease: Lease) -> None:
-        def op(conn: sqlite3.Connection) -> None:
-            now = self._clock()
-            conn.execute(
-                "UPDATE runs SET status = 'ready', due_at = ?, lease_owner = NULL, lease_until = NULL "
-                "WHERE run_id = ? AND status = 'running' AND lease_token = ?",
-                (now, lease.run_id, lease.token),
-            )
-
-        await self._leased(lease, self._write(op, single=True, wake=True), ends=True)
-
-    async def _leased(self, lease: Lease, write: Awaitable[T], *, ends: bool) -> T:
-        """Await a write under ``lease``, forgetting the lease when it ends or is lost."""
         try:
-            value = await write
+            # a transition sets a due time (idle slots re-check) and ends the lease
+            result = await self._write(op, wake=columns is not None)
         except LeaseLostError:
             self._leases.pop(lease.run_id, None)
             raise
-        if ends:
+        if columns is not None:
             self._leases.pop(lease.run_id, None)
-        return value
+        return result
+
+    async def release(self, lease: Lease) -> None:
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute(Q["release"], (self._clock(), lease.run_id, lease.token))
+
+        try:
+            await self._write(op, wake=True)
+        finally:
+            self._leases.pop(lease.run_id, None)
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
     ) -> CommitResult:
         def op(conn: sqlite3.Connection) -> CommitResult:
             info = _run_info(_find(conn, run_ref))
-            if info.status not in allowed:
-                raise not_allowed(info.run_id, info.status, allowed)
+            refused = _rule.intervene_refusal(info.run_id, info.status, allowed)
+            if refused is not None:
+                raise refused
             now = self._clock()
             revision = info.revision + len(events)
-            conn.execute(
-                "UPDATE runs SET revision = ?, updated_at = ?, status = ?, due_at = ?, lease_token = lease_token + 1, "
-                "lease_owner = NULL, lease_until = NULL WHERE run_id = ?",
-                (revision, now, status, None if status.finished else now, info.run_id),
-            )
             _insert_events(conn, info.run_id, info.revision + 1, events, now)
+            conn.execute(Q["intervene"], (revision, now, status, _rule.intervene_due(status, now), info.run_id))
             return CommitResult(revision, now)
+
+        return await self._write(op, wake=True)
+
+    async def wake(self, run_ref: str) -> RunInfo:
+        def op(conn: sqlite3.Connection) -> RunInfo:
+            info = _run_info(_find(conn, run_ref))
+            refused = _rule.wake_refusal(info.run_id, info.status)
+            if refused is not None:
+                raise refused
+            conn.execute(Q["wake"], (self._clock(), info.run_id))
+            return _run_info(_find(conn, info.run_id))
 
         return await self._write(op, wake=True)
 
     async def purge(self, run_ref: str) -> None:
         def op(conn: sqlite3.Connection) -> None:
             info = _run_info(_find(conn, run_ref))
-            if not info.status.finished:
-                raise not_finished(info.run_id, info.status)
-            for table in ("events", "signals", "signal_audit", "runs"):
-                conn.execute(f"DELETE FROM {table} WHERE run_id = ?", (info.run_id,))
+            refused = _rule.purge_refusal(info.run_id, info.status)
+            if refused is not None:
+                raise refused
+            _delete(conn, info.run_id)
 
         await self._write(op)
+
+    async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        def op(conn: sqlite3.Connection) -> int:
+            doomed = [r[0] for r in conn.execute(Q["finished_before"], (before, limit))]
+            for run_id in doomed:
+                _delete(conn, run_id)
+            return len(doomed)
+
+        return await self._write(op)
 
     async def get_run(self, run_ref: str) -> RunInfo:
         return _run_info(await self._read(lambda c: _find(c, run_ref)))
 
     async def list_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None, limit: int = 100
+        self,
+        *,
+        status: RunStatus | None = None,
+        name: str | None = None,
+        version: int | None = None,
+        limit: int = 100,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        clauses, params = [], []
-        for column, value in (("status", status), ("name", name), ("version", version)):
-            if value is not None:
-                clauses.append(f"{column} = ?")
-                params.append(value)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = await self._read(lambda c: _all(c, f"SELECT {_RUN_COLUMNS} FROM runs {where} ORDER BY run_id DESC LIMIT ?", (*params, limit)))
+        params = (None if status is None else str(status), name, version, after, limit)
+        rows = await self._read(lambda c: c.execute(Q["list_runs"], params).fetchall())
         return [_run_info(r) for r in rows]
 
+    async def count_runs(
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+    ) -> int:
+        params = (None if status is None else str(status), name, version)
+        return int((await self._read(lambda c: c.execute(Q["count_runs"], params).fetchone()))[0])
+
     async def history(self, run_ref: str) -> list[StoredEvent]:
-        def read(conn: sqlite3.Connection) -> list[StoredEvent]:
-            run_id = _find(conn, run_ref)[0]
-            return self._history(conn, run_id)
-
-        return await self._read(read)
-
-    @staticmethod
-    def _history(conn: sqlite3.Connection, run_id: str) -> list[StoredEvent]:
-        rows = _all(conn, "SELECT seq, at, type, key, body FROM events WHERE run_id = ? ORDER BY seq", (run_id,))
-        return [StoredEvent(r[0], r[1], r[2], r[3], r[4].encode()) for r in rows]
-
-    @staticmethod
-    def _inbox(conn: sqlite3.Connection, run_id: str) -> list[InboxSignal]:
-        rows = _all(
-            conn,
-            "SELECT signal_id, name, payload, sender, reason, received_at FROM signals "
-            "WHERE run_id = ? AND consumed = 0 ORDER BY received_at, arrival",
-            (run_id,),
-        )
-        return [InboxSignal(r[0], r[1], msgspec.json.decode(r[2]), r[3], r[4], r[5]) for r in rows]
+        return await self._read(lambda conn: _history(conn, _find(conn, run_ref)[0]))
 
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
-        payload = _json(delivery.payload).decode()
+        payload = delivery.payload_json()
 
-        def op(conn: sqlite3.Connection) -> SignalReceipt:
-            info = _run_info(_find(conn, delivery.run_ref))
+        def op(conn: sqlite3.Connection) -> tuple[str, SignalReceipt]:
+            row = _find(conn, delivery.run_id)
+            info = _run_info(row)
             now = self._clock()
-            original = _one(conn, "SELECT received_at FROM signals WHERE run_id = ? AND signal_id = ?",
-                            (info.run_id, delivery.signal_id))
-            verdict, detail = ("duplicate", "") if original else ("accepted", "run finished; kept unconsumed" if info.status.finished else "")
-            self._audit_insert(conn, AuditRecord(
+            found = conn.execute(Q["signal_of"], (info.run_id, delivery.signal_id)).fetchone()
+            unconsumed = 0 if found else conn.execute(Q["unconsumed_count"], (info.run_id,)).fetchone()[0]
+            verdict = _rule.signal_verdict(None if found is None else (found[0], found[1]), delivery.name,
+                                           delivery.payload_hash, unconsumed, delivery.max_unconsumed)
+            detail = "run finished; kept unconsumed" if verdict == "accepted" and info.status.finished else ""
+            _insert_audit(conn, AuditRecord(
                 info.run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender, delivery.key_id,
                 verdict, delivery.payload_hash, delivery.reason, detail, now))
-            if original:
-                return SignalReceipt(info.run_id, delivery.signal_id, True, original[0], info.status)
-            conn.execute(
-                "INSERT INTO signals (run_id, signal_id, name, payload, sender, key_id, reason, received_at, arrival) "
-                "SELECT ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(MAX(arrival), 0) + 1 FROM signals WHERE run_id = ?",
-                (info.run_id, delivery.signal_id, delivery.name, payload, delivery.sender, delivery.key_id,
-                 delivery.reason, now, info.run_id),
-            )
-            conn.execute(
-                "UPDATE runs SET due_at = ? WHERE run_id = ? AND status = 'waiting' "
-                "AND EXISTS (SELECT 1 FROM json_each(runs.wait_signals) WHERE value = ?)",
-                (now, info.run_id, delivery.name),
-            )
-            return SignalReceipt(info.run_id, delivery.signal_id, False, now, info.status)
+            if verdict != "accepted":
+                received = found[2] if found else now
+                return verdict, SignalReceipt(info.run_id, delivery.signal_id, True, received, info.status)
+            conn.execute(Q["insert_signal"], (info.run_id, delivery.signal_id, delivery.name, payload,
+                                              delivery.payload_hash, delivery.sender, delivery.key_id, delivery.reason,
+                                              now, info.run_id))
+            if _rule.signal_wakes(info.status, msgspec.json.decode(row[14]), delivery.name):
+                conn.execute(Q["wake"], (now, info.run_id))
+            return verdict, SignalReceipt(info.run_id, delivery.signal_id, False, now, info.status)
 
-        return await self._write(op, wake=True)
+        verdict, receipt = await self._write(op, wake=True)
+        if verdict == "rejected:conflict":
+            raise SignalConflictError(receipt.run_id, receipt.signal_id)
+        if verdict == "rejected:inbox_full":
+            raise _rule.inbox_full(receipt.run_id, delivery.max_unconsumed)
+        return receipt
 
-    @staticmethod
-    def _audit_insert(conn: sqlite3.Connection, r: AuditRecord) -> None:
-        conn.execute(
-            "INSERT INTO signal_audit (run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, "
-            "reason, detail, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (r.run_id, r.run_ref, r.signal_id, r.name, r.sender, r.key_id, r.verdict, r.payload_hash, r.reason, r.detail, r.at),
-        )
+    async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:
+        record = clean_audit(record)
+        cap = max_per_run if record.run_id is not None else 10 * max_per_run
 
-    async def record_rejected(self, record: AuditRecord) -> None:
-        await self._write(lambda conn: self._audit_insert(conn, record))
+        def op(conn: sqlite3.Connection) -> None:
+            _insert_audit(conn, record)
+            conn.execute(Q["trim_rejected"], (record.run_id, record.run_id, cap))
+
+        await self._write(op)
 
     async def audit(self, run_ref: str) -> list[AuditRecord]:
         def read(conn: sqlite3.Connection) -> list[AuditRecord]:
@@ -567,21 +584,9 @@ class SqliteWorkflowStore:
                 run_id = _find(conn, run_ref)[0]
             except RunNotFoundError:
                 run_id = None
-            rows = _all(
-                conn,
-                "SELECT run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason, detail, at "
-                "FROM signal_audit WHERE run_id = ? OR run_ref = ? ORDER BY id",
-                (run_id, run_ref),
-            )
-            return [AuditRecord(*r) for r in rows]
+            return [AuditRecord(*r) for r in conn.execute(Q["audit"], (run_id, run_ref))]
 
         return await self._read(read)
-
-    async def _read(self, fn: Op[T]) -> T:
-        try:
-            return await self._reader.submit(fn)  # type: ignore[no-any-return]
-        except sqlite3.Error as exc:
-            raise _translate(exc) from exc
 
     async def wait_for_work(self, timeout: float) -> None:
         # Writes from this process wake us at once, and we sleep no longer than
@@ -591,7 +596,7 @@ class SqliteWorkflowStore:
         # only future due times: a run already due that we could not claim (another
         # workflow's, or skipped) must not make idle workers spin
         now = self._clock()
-        row = await self._read(lambda c: _one(c, "SELECT MIN(due_at) FROM runs WHERE due_at > ?", (now,)))
+        row = await self._read(lambda c: c.execute(Q["next_due"], (now,)).fetchone())
         if row is not None and row[0] is not None:
             wait = max(0.0, min(wait, row[0] - now))
         try:
@@ -602,11 +607,74 @@ class SqliteWorkflowStore:
 
     async def close(self) -> None:
         """Finish the queued writes, then close the connections."""
-        for thread in (self._writer, self._reader):
+        threads = [t for t in (self._writer, self._reader) if t is not None]
+        for thread in threads:
             await thread.close()
-        for conn in (thread.connection for thread in (self._writer, self._reader)):
+        for thread in threads:
+            thread.connection.close()
+
+
+def _history(conn: sqlite3.Connection, run_id: str) -> list[StoredEvent]:
+    return [StoredEvent(r[0], r[1], r[2], r[3], r[4].encode()) for r in conn.execute(Q["history"], (run_id,))]
+
+
+def _inbox(conn: sqlite3.Connection, run_id: str) -> list[InboxSignal]:
+    return [InboxSignal(r[0], r[1], msgspec.json.decode(r[2]), r[3], r[4], r[5])
+            for r in conn.execute(Q["inbox"], (run_id,))]
+
+
+def _insert_audit(conn: sqlite3.Connection, r: AuditRecord) -> None:
+    conn.execute(Q["insert_audit"], (r.run_id, r.run_ref, r.signal_id, r.name, r.sender, r.key_id, r.verdict,
+                                     r.payload_hash, r.reason, r.detail, r.at))
+
+
+def _schema_version(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version of a database opened read-only; refuse one that is not runifold's or is too new."""
+    version = 0
+    if conn.execute(Q["has_schema_table"]).fetchone() is not None:
+        version = int(conn.execute(Q["schema_version"]).fetchone()[0] or 0)
+    if version == 0:
+        raise StoreError(f"{path} is not a runifold database (it has no runifold schema); check the path")
+    if version > SCHEMA_VERSION:
+        raise newer_schema(path, version, SCHEMA_VERSION)
+    return version
+
+
+def _open_readonly(path: str, busy_seconds: float) -> sqlite3.Connection:
+    """Open ``path`` for reading only; never create it, never migrate it."""
+    if not os.path.isfile(path):
+        raise StoreUnavailableError(
+            f"no SQLite database at {os.path.abspath(path)}; check the path (or the folder you run in), "
+            "or open it writable to create it"
+        )
+    last: sqlite3.Error | None = None
+    # immutable=1: on a read-only file system SQLite cannot create the WAL index; nobody can write there either
+    for params in ({"mode": "ro"}, {"mode": "ro", "immutable": "1"}):
+        conn = sqlite3.connect(_file_uri(path, **params), uri=True, timeout=busy_seconds, isolation_level=None,
+                               check_same_thread=False)
+        try:
+            _schema_version(conn, path)
+            return conn
+        except sqlite3.Error as exc:
             conn.close()
-        self._direct.close()
+            if _errorname(exc) not in ("SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_READONLY_RECOVERY",
+                                       "SQLITE_CANTOPEN_NOTEMPDIR", "SQLITE_IOERR"):
+                raise _translate(exc, path) from exc
+            last = exc
+        except RunifoldError:
+            conn.close()
+            raise
+    assert last is not None
+    raise _open_error(last, path) from last
+
+
+def _open_error(exc: sqlite3.Error, path: str) -> StoreError:
+    if _is_busy(exc):
+        return _translate(exc, path)
+    return StoreUnavailableError(
+        f"cannot open the SQLite database {os.path.abspath(path)} ({_errorname(exc)}: {exc}); check that the path "
+        "exists and is writable, or open it read-only (sqlite:///path?mode=ro) for commands that only read"
+    )
 
 
 def _statements(script: str) -> list[str]:
@@ -630,20 +698,6 @@ def _read_each(conn: sqlite3.Connection, reads: Sequence[Op[Any]]) -> list[Outco
     for read in reads:
         try:
             outcomes.append((read(conn), None))
-        except (RunifoldError, sqlite3.Error) as exc:
+        except Exception as exc:
             outcomes.append((None, exc))
     return outcomes
-
-
-def _with_busy_retry(statement: Callable[[], T], budget: float) -> T:
-    """In the writer thread: run ``statement``, retrying while another process holds the lock."""
-    deadline = time.monotonic() + budget
-    delay = 0.005
-    while True:
-        try:
-            return statement()
-        except sqlite3.OperationalError as exc:
-            if not _is_busy(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)

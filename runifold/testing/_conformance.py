@@ -10,9 +10,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import pytest
 
-from runifold.errors import EnqueueConflictError, InvalidStateError, LeaseLostError, RunNotFoundError
+from runifold.errors import (
+    EnqueueConflictError,
+    InvalidInputError,
+    InvalidStateError,
+    LeaseLostError,
+    RunNotFoundError,
+    SerializationError,
+    SignalConflictError,
+    SignalRejectedError,
+    StoreError,
+)
 from runifold.history import RunCancelled, StepCompleted, decode_event
 from runifold.stores import (
     AuditRecord,
@@ -23,6 +34,7 @@ from runifold.stores import (
     Reschedule,
     RunStatus,
     SignalDelivery,
+    SignalReceipt,
     Suspend,
     WorkflowTask,
 )
@@ -35,9 +47,21 @@ def step_row(key: str, output: Any = None) -> EventRow:
     return EventRow.of(StepCompleted(key=key, output=output))
 
 
-def delivery(ref: str, signal_id: str, name: str = "approval", payload: Any = None) -> SignalDelivery:
-    """A signal delivery as the authentication layer hands it to a store."""
-    return SignalDelivery(ref, signal_id, name, payload or {"ok": True}, "alice", "k1", "because", "sha256:x")
+def delivery(ref: str, run_id: str, signal_id: str, name: str = "approval", payload: Any = None,
+             max_unconsumed: int = 1000) -> SignalDelivery:
+    """A signal delivery as the gateway hands it to a store (``run_id``: the run ``ref`` resolved to)."""
+    payload = {"ok": True} if payload is None else payload
+    return SignalDelivery(ref, run_id, signal_id, name, payload, "alice", "k1", "because",
+                          "sha256:" + msgspec.json.encode(payload, order="sorted").hex(), max_unconsumed)
+
+
+async def deliver(store: Any, ref: str, signal_id: str, name: str = "approval", payload: Any = None,
+                  max_unconsumed: int = 1000) -> SignalReceipt:
+    """Resolve ``ref`` once, as the gateway does, and deliver a signal to that run."""
+    run = await store.get_run(ref)
+    receipt: SignalReceipt = await store.deliver_signal(
+        delivery(ref, run.run_id, signal_id, name, payload, max_unconsumed))
+    return receipt
 
 
 class StoreConformance:
@@ -115,8 +139,8 @@ class StoreConformance:
     async def test_concurrent_commits_are_fenced_one_by_one(self, store: Any) -> None:
         """Commits of several runs sent at once each land or are refused on their own, with their own transition."""
         leases = [await self._claimed(store, f"c{i}") for i in range(6)]
-        await store.deliver_signal(delivery("c3", "early"))
-        await store.deliver_signal(delivery("c4", "used"))
+        await deliver(store, "c3", "early")
+        await deliver(store, "c4", "used")
         results = await asyncio.gather(
             store.commit(leases[0], 1, [step_row("a#1", 1), step_row("b#1", 2)], Continue()),
             store.commit(leases[1], 1, [step_row("a#1", 1)], Continue()),
@@ -214,9 +238,9 @@ class StoreConformance:
         lease = await self._claimed(store)
         await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, None, ("approval",)))
         assert await store.claim("w1", {"wf"}, LEASE) is None
-        await store.deliver_signal(delivery("c1", "s0", name="other"))
+        await deliver(store, "c1", "s0", name="other")
         assert await store.claim("w1", {"wf"}, LEASE) is None
-        receipt = await store.deliver_signal(delivery("c1", "s1"))
+        receipt = await deliver(store, "c1", "s1")
         assert not receipt.duplicate
         claim = await store.claim("w1", {"wf"}, LEASE)
         assert claim is not None
@@ -225,33 +249,36 @@ class StoreConformance:
     async def test_signal_before_the_wait_is_not_lost(self, store: Any) -> None:
         """A signal that arrives while the run is running wakes it as soon as it suspends on it."""
         lease = await self._claimed(store)
-        await store.deliver_signal(delivery("c1", "s1"))
+        await deliver(store, "c1", "s1")
         await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, None, ("approval",)))
         assert await store.claim("w1", {"wf"}, LEASE) is not None
 
     async def test_consumed_signals_leave_the_inbox(self, store: Any) -> None:
         """Signals consumed by a commit are not offered again."""
         lease = await self._claimed(store)
-        await store.deliver_signal(delivery("c1", "s1"))
+        await deliver(store, "c1", "s1")
         await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, None, ("approval",)), consumed_signals=["s1"])
         assert await store.claim("w1", {"wf"}, LEASE) is None
 
     async def test_duplicate_signal_returns_the_original_receipt(self, store: Any) -> None:
         """A repeated signal id is acknowledged as a duplicate with the first receipt, stored once."""
         await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
-        first = await store.deliver_signal(delivery("c1", "s1", payload={"n": 1}))
-        again = await store.deliver_signal(delivery("c1", "s1", payload={"n": 2}))
+        first = await deliver(store, "c1", "s1", payload={"n": 1})
+        again = await deliver(store, "c1", "s1", payload={"n": 1})
         assert again.duplicate and again.received_at == first.received_at
+        with pytest.raises(SignalConflictError) as err:  # the same id with another payload is another signal
+            await deliver(store, "c1", "s1", payload={"n": 2})
+        assert err.value.signal_id == "s1" and err.value.run_id == first.run_id
         claim = await store.claim("w1", {"wf"}, LEASE)
         assert claim is not None and [s.payload for s in claim.inbox] == [{"n": 1}]
         verdicts = [a.verdict for a in await store.audit("c1")]
-        assert verdicts == ["accepted", "duplicate"]
+        assert verdicts == ["accepted", "duplicate", "rejected:conflict"]
 
     async def test_signal_to_a_finished_run_is_kept(self, store: Any) -> None:
         """A signal to a finished run is recorded as unconsumed, never dropped."""
         lease = await self._claimed(store)
         await store.commit(lease, 1, [], Finish(RunStatus.COMPLETED))
-        receipt = await store.deliver_signal(delivery("c1", "late"))
+        receipt = await deliver(store, "c1", "late")
         assert receipt.run_status is RunStatus.COMPLETED and not receipt.duplicate
         [record] = await store.audit("c1")
         assert record.verdict == "accepted" and "unconsumed" in record.detail
@@ -295,7 +322,7 @@ class StoreConformance:
         with pytest.raises(InvalidStateError):
             await store.purge("c1")
         await store.commit(lease, 1, [], Finish(RunStatus.COMPLETED))
-        await store.deliver_signal(delivery("c1", "late"))
+        await deliver(store, "c1", "late")
         await store.purge("c1")
         with pytest.raises(RunNotFoundError):
             await store.get_run("c1")

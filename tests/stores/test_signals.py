@@ -21,8 +21,6 @@ from runifold import (
 from tests.stores.test_waits import APPROVAL, envelope, keyring
 from tests.support import worker
 
-NEEDS_STORES = pytest.mark.xfail(reason="needs the stores branch", strict=False)
-
 
 async def waiting_run(store: Any, ref: str = "o1") -> str:
     await store.enqueue(WorkflowTask("approval", 1, {"order_id": ref}, checkpoint_id=ref))
@@ -92,7 +90,6 @@ async def test_a_deployment_can_tighten_the_limits(store: Any) -> None:
     assert not receipt.duplicate
 
 
-@NEEDS_STORES
 async def test_a_signal_id_reused_with_another_payload_is_a_conflict(store: Any) -> None:
     """The same signal id with another payload raises SignalConflictError and is audited; the first payload stays."""
     await waiting_run(store)
@@ -105,7 +102,6 @@ async def test_a_signal_id_reused_with_another_payload_is_a_conflict(store: Any)
     assert [a.verdict.split(":")[-1] for a in await store.audit("o1")][-1] == "conflict"
 
 
-@NEEDS_STORES
 async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) -> None:
     """Past limits.max_unconsumed unconsumed signals, the next is refused as inbox_full (and audited)."""
     await waiting_run(store)
@@ -119,7 +115,6 @@ async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) ->
     assert caught.value.verdict == "inbox_full"
 
 
-@NEEDS_STORES
 async def test_rejected_attempts_are_capped_per_run(store: Any) -> None:
     """The audit keeps at most limits.max_rejected_per_run rejected attempts of a run."""
     await waiting_run(store)

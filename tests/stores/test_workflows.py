@@ -118,7 +118,7 @@ async def test_gather_replays_identically(store: Any) -> None:
     assert isinstance(await w.run_once(), Suspended)
     assert sorted(await keys(store, "c1", "step_completed")) == [
         "1/double#1", "1/double#2", "2/double#1", "2/double#2", "3/double#1", "3/double#2"]
-    await store.deliver_signal(SignalDelivery("c1", "s1", "go", {}, "t", "k", "", "h"))
+    await store.deliver_signal(SignalDelivery("c1", (await store.get_run("c1")).run_id, "s1", "go", {}, "t", "k", "", "h"))
     done = await w.run_once()
     assert isinstance(done, Completed) and done.output == [2 + 202, 4 + 204, 6 + 206]
     assert all(v == 1 for v in calls.values()) and len(calls) == 6
@@ -233,7 +233,7 @@ async def test_changed_code_is_reported_not_run(store: Any, changed: Any, diverg
 
     await store.enqueue(WorkflowTask("evolving", 1, {}, checkpoint_id="c1"))
     assert isinstance(await worker(store, WorkflowDefinition(evolving, signals={"go": {"*"}})).run_once(), Suspended)
-    await store.deliver_signal(SignalDelivery("c1", "s1", "go", {}, "t", "k", "", "h"))
+    await store.deliver_signal(SignalDelivery("c1", (await store.get_run("c1")).run_id, "s1", "go", {}, "t", "k", "", "h"))
     before = await store.history("c1")
     calls.clear()
     outcome = await worker(store, WorkflowDefinition(changed, signals={"go": {"*"}}), worker_id="w2").run_once()
@@ -319,7 +319,7 @@ async def test_charges_count_once_and_usage_only_grows(store: Any) -> None:
     await store.enqueue(WorkflowTask("charging", 1, {}, checkpoint_id="c1"))
     await worker(store, definition).run_once()
     first = fold(await entries(store, "c1")).usage
-    await store.deliver_signal(SignalDelivery("c1", "s1", "go", {}, "t", "k", "", "h"))
+    await store.deliver_signal(SignalDelivery("c1", (await store.get_run("c1")).run_id, "s1", "go", {}, "t", "k", "", "h"))
     assert isinstance(await worker(store, definition).run_once(), Completed)
     second = fold(await entries(store, "c1")).usage
     assert (first.cost_units, second.cost_units) == (5.0, 7.0)
@@ -429,83 +429,9 @@ async def test_postgres_returns_every_pooled_connection(open_store: Any) -> None
     await store.intervene("fenced", {RunStatus.RUNNING}, [EventRow.of(RunCancelled(by="t", reason="fence"))], RunStatus.CANCELLED)
     gates["gate"].set()
     assert isinstance(await running, LeaseLost)
-    await store.deliver_signal(SignalDelivery("suspend", "s1", "go", {}, "t", "k", "", "h"))
+    await store.deliver_signal(SignalDelivery("suspend", (await store.get_run("suspend")).run_id, "s1", "go", {}, "t", "k", "", "h"))
     assert isinstance(await w.run_once(), Completed)
     assert store._pool.get_idle_size() == store._pool.get_size()
-
-
-def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every node of an EXPLAIN (FORMAT JSON) plan tree, the root first."""
-    return [node, *(n for child in node.get("Plans", []) for n in _plan_nodes(child))]
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_claim_is_bounded_by_the_due_index(open_store: Any) -> None:
-    """The claim's due_at bound is an index condition, so future timers are never scanned one by one."""
-    import asyncpg  # type: ignore[import-untyped]
-
-    from runifold.stores.postgres import _CLAIMS
-
-    store = await open_store()
-    conn = await asyncpg.connect(store.dsn)
-    try:
-        await conn.execute(  # 5,000 runs sleeping on timers an hour away
-            "INSERT INTO runifold_runs (run_id, name, version, input_json, status, revision, due_at, created_at, "
-            "updated_at) SELECT 'sleep' || i, 'wf', 1, '{}', 'waiting', 2, runifold_now() + 3600, 0, 0 "
-            "FROM generate_series(1, 5000) AS i")
-        await conn.execute("ANALYZE runifold_runs")
-        plan = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_CLAIMS[1]}", "w", ["wf"], [], 30.0)
-        # the plan PostgreSQL caches for the prepared statement (a claim for 8) costs no more than
-        # one planned for the arguments, so it is reused rather than planned again on every claim
-        costs = {}
-        await conn.execute(f"PREPARE claim8 (text, text[], text[], double precision) AS {_CLAIMS[8]}")
-        for mode in ("force_custom_plan", "force_generic_plan"):
-            await conn.execute(f"SET plan_cache_mode = {mode}")
-            explained = await conn.fetchval(
-                "EXPLAIN (FORMAT JSON) EXECUTE claim8('w', ARRAY['wf'], ARRAY[]::text[], 30.0)")
-            costs[mode] = msgspec.json.decode(explained)[0]["Plan"]["Total Cost"]
-    finally:
-        await conn.close()
-    assert costs["force_generic_plan"] <= costs["force_custom_plan"] * 1.1, costs
-
-    scans = [n for n in _plan_nodes(msgspec.json.decode(plan)[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due"]
-    assert scans and "due_at <=" in scans[0]["Index Cond"], scans
-    assert scans[0].get("Rows Removed by Filter", 0) == 0 and scans[0]["Actual Rows"] == 0, scans
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_vacuum_cleans_the_claim_index_in_a_table_of_finished_runs(open_store: Any) -> None:
-    """Dead due_at entries that runs leave behind are removed by VACUUM even when the table is mostly finished runs."""
-    import asyncpg
-
-    from runifold.stores.postgres import _CLAIMS
-
-    store = await open_store()
-    conn = await asyncpg.connect(store.dsn)
-    try:
-        await conn.execute(
-            "INSERT INTO runifold_runs (run_id, name, version, input_json, status, revision, due_at, created_at, "
-            "updated_at) SELECT 'fin' || i, 'wf', 1, '{}', 'completed', 3, NULL, 0, 0 FROM generate_series(1, 200000) AS i")
-        await conn.execute(
-            "INSERT INTO runifold_runs (run_id, name, version, input_json, status, revision, due_at, created_at, "
-            "updated_at) SELECT 'busy' || i, 'wf', 1, '{}', 'waiting', 2, runifold_now() + 3600, 0, 0 "
-            "FROM generate_series(1, 150) AS i")
-        # 150 runs move through due times in the past, as claims and renewals move them: their dead rows sit
-        # on under 2 % of the table's pages, where VACUUM by default leaves the indexes as they are
-        for k in range(20):
-            await conn.execute("UPDATE runifold_runs SET due_at = runifold_now() - 1000 + $1 WHERE run_id LIKE 'busy%'", k)
-        await conn.execute("UPDATE runifold_runs SET due_at = runifold_now() + 3600 WHERE run_id LIKE 'busy%'")
-        await conn.execute("VACUUM runifold_runs")
-        plan = msgspec.json.decode(await conn.fetchval(  # nothing is due: the claim takes no run
-            f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_CLAIMS[1]}", "w", ["wf"], [], 30.0))
-        options = await conn.fetchval("SELECT reloptions FROM pg_class WHERE relname = 'runifold_runs'")
-    finally:
-        await conn.close()
-
-    scan = next(n for n in _plan_nodes(plan[0]["Plan"]) if n.get("Index Name") == "runifold_runs_due")
-    # with its 3,000 dead entries left in place the scan reads over 200 pages (index and heap); a clean one, a few
-    assert scan["Actual Rows"] == 0 and scan["Shared Hit Blocks"] + scan["Shared Read Blocks"] <= 8, scan
-    assert {"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"} <= set(options), options
 
 
 async def test_a_claim_that_waited_past_its_lease_runs_no_step_once_another_worker_took_the_run(store: Any) -> None:
@@ -633,138 +559,3 @@ async def test_a_burst_of_runs_fans_out_over_idle_slots_at_once(open_store: Any)
         supervisor.stop()
         await asyncio.wait_for(running, 30)
     assert supervisor.outcomes.get("Completed") == 4
-
-
-async def _claimed_runs(store: Any, prefix: str, count: int) -> list[Any]:
-    """Enqueue ``count`` runs (checkpoints ``prefix0``, ``prefix1``, ...) and claim each; return their leases."""
-    leases = []
-    for i in range(count):
-        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"{prefix}{i}"))
-        claim = await store.claim("w", {"wf"}, 30.0)
-        leases.append(claim.lease)
-    return leases
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_groups_concurrent_commits_into_one_round_trip(open_store: Any) -> None:
-    """Six commits made on one pass of the event loop take one round trip."""
-    from runifold.stores import Continue
-    from runifold.testing._conformance import step_row
-
-    store = await open_store()
-    leases = await _claimed_runs(store, "g", 6)
-    results = await asyncio.gather(*(store.commit(lease, 1, [step_row("a#1", i)], Continue())
-                                     for i, lease in enumerate(leases)))
-    assert [r.revision for r in results] == [2] * 6
-    assert (store.batches, store.batched_commits) == (1, 6)
-    assert [[e.key for e in await store.history(f"g{i}")] for i in range(6)] == [["", "a#1"]] * 6
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_runs_a_batch_answers_send_their_next_commits_together(open_store: Any) -> None:
-    """Six runs commit twice each: the runs a batch answers send their next commits together, in one batch."""
-    from runifold.stores import Continue
-    from runifold.testing._conformance import step_row
-
-    store = await open_store()
-    leases = await _claimed_runs(store, "t", 6)
-
-    async def two_steps(lease: Any) -> int:
-        await store.commit(lease, 1, [step_row("a#1", 1)], Continue())
-        return (await store.commit(lease, 2, [step_row("b#1", 2)], Continue())).revision
-
-    assert await asyncio.gather(*(two_steps(lease) for lease in leases)) == [3] * 6
-    # the six first commits together, then the six second ones
-    assert (store.batches, store.batched_commits) == (2, 12)
-    assert [[e.key for e in await store.history(f"t{i}")] for i in range(6)] == [["", "a#1", "b#1"]] * 6
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_a_run_committing_alone_skips_the_pass(open_store: Any) -> None:
-    """A run whose commit was the last batch's only one sends its next at once; a newcomer's commit waits for it."""
-    from runifold.stores import Continue
-    from runifold.testing._conformance import step_row
-
-    store = await open_store()
-    alone, newcomer = await _claimed_runs(store, "s", 2)
-    await store.commit(alone, 1, [step_row("a#1", 1)], Continue())
-    # made on one pass: had both waited a pass they would share a batch; the lone run's goes out first, alone
-    results = await asyncio.gather(store.commit(alone, 2, [step_row("b#1", 2)], Continue()),
-                                   store.commit(newcomer, 1, [step_row("a#1", 1)], Continue()))
-    assert [r.revision for r in results] == [3, 2]
-    assert (store.batches, store.batched_commits) == (3, 3)
-    # the last batch carried the newcomer alone, but the next commit is another run's: it waits the pass
-    await asyncio.gather(store.commit(alone, 3, [step_row("c#1", 3)], Continue()),
-                         store.commit(newcomer, 2, [step_row("b#1", 2)], Continue()))
-    assert (store.batches, store.batched_commits) == (4, 5)
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_commit_refused_by_the_database_fails_alone(open_store: Any) -> None:
-    """A commit PostgreSQL rejects (a NUL character in jsonb) raises StoreError; the commits batched with it still land."""
-    from runifold.errors import StoreError
-    from runifold.stores import Continue
-    from runifold.testing._conformance import step_row
-
-    store = await open_store()
-    leases = await _claimed_runs(store, "n", 4)
-    outputs = ["first", "ok", "nul \x00 here", "ok"]
-    results = await asyncio.gather(*(store.commit(lease, 1, [step_row("a#1", out)], Continue())
-                                     for lease, out in zip(leases, outputs, strict=True)), return_exceptions=True)
-    assert isinstance(results[2], StoreError) and "22P05" in str(results[2])
-    assert [getattr(r, "revision", None) for r in results] == [2, 2, None, 2]
-    assert [len(await store.history(f"n{i}")) for i in range(4)] == [2, 2, 1, 2]
-    # the four together; that batch failed and was sent again one by one: three landed
-    assert (store.batches, store.batched_commits) == (3, 3)
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_claims_made_together_share_one_round_trip(open_store: Any) -> None:
-    """Five claims made at once with three runs due take one round trip: three distinct runs, two None."""
-    store = await open_store()
-    for i in range(3):
-        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"c{i}"))
-    claims = await asyncio.gather(*(store.claim("w", {"wf"}, 30.0) for _ in range(5)))
-    assert store.claim_batches == 1
-    got = [c for c in claims if c is not None]
-    assert len(got) == 3 and claims.count(None) == 2
-    assert sorted(c.checkpoint_id for c in got) == ["c0", "c1", "c2"]
-    for c in got:  # each claim carries its own run's history and lease
-        assert [e.type for e in c.history] == ["run_started"] and c.lease.run_id == c.run_id
-        info = await store.get_run(c.run_id)
-        assert info.status is RunStatus.RUNNING and info.lease_owner == "w" and info.lease_token == c.lease.token
-    # a claim that asks differently (another owner) is not merged into the same round trip
-    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c3"))
-    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c4"))
-    mine, theirs = await asyncio.gather(store.claim("w", {"wf"}, 30.0), store.claim("other", {"wf"}, 30.0))
-    assert store.claim_batches == 3
-    assert {mine.lease.owner, theirs.lease.owner} == {"w", "other"} and mine.run_id != theirs.run_id
-
-
-@pytest.mark.parametrize("open_store", ["postgres"], indirect=True)
-async def test_postgres_claim_whose_caller_went_away_is_handed_back(open_store: Any) -> None:
-    """A caller cancelled while its claim is in flight: the run it got is released, ready for the next claim."""
-    store = await open_store()
-    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="gone"))
-    caller = asyncio.create_task(store.claim("w", {"wf"}, 30.0))
-    while not store._claiming or store._claims:
-        await asyncio.sleep(0)  # until the claimer has taken the claim and sent it
-    caller.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await caller
-    await asyncio.wait_for(store._claimer, 10)
-    await asyncio.wait_for(asyncio.gather(*store._releasing), 10)
-    info = await store.get_run("gone")
-    assert info.status is RunStatus.READY and info.lease_owner is None and info.lease_token == 1
-    again = await store.claim("w2", {"wf"}, 30.0)
-    assert again is not None and again.checkpoint_id == "gone" and again.lease.token == 2
-    assert [e.type for e in again.history] == ["run_started"]
-    # a caller cancelled before its claim was sent takes no run at all
-    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="early"))
-    early = asyncio.create_task(store.claim("w", {"wf"}, 30.0))
-    await asyncio.sleep(0)  # queued, not yet sent
-    early.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await early
-    await asyncio.wait_for(store._claimer, 10)
-    assert (await store.get_run("early")).lease_token == 0

@@ -1,0 +1,172 @@
+"""What every store operation does to a run, stated once, with no I/O.
+
+The memory and SQLite stores read a run's row, ask these functions what to
+write, and write it; PostgreSQL's functions in ``sql/postgres/schema.sql`` are
+the same rules in SQL, held to these by the differential test
+(``tests/stores/test_differential.py``).
+
+The commit rule: a commit from ``lease`` that read ``expected`` revision
+
+1. is *fenced*: it applies only if the run is RUNNING under that lease token,
+   the lease has not expired on the store's clock, and the revision is still
+   ``expected`` — otherwise nothing is written, unless
+2. it is a *retry of itself*: the same token, the run at ``expected + n``
+   and the same ``n`` events at those seqs (or, for a commit of no events, the
+   run already in the transition's state): its first attempt was written and
+   its answer lost, so it succeeds again, writing nothing;
+3. it *appends* its events at ``expected + 1 ..``, marks the consumed signals,
+   and applies the transition (status, due time, waited signals, reason, the
+   lease cleared);
+4. a run that starts waiting for a signal already in its inbox is *due now*:
+   no wake-up is lost to a signal that beat the wait;
+5. idle workers are *woken* whenever a due time was set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from runifold.errors import InvalidStateError, SignalRejectedError
+from runifold.stores._protocol import EventRow, Lease, RunColumns, RunStatus
+
+#: the statuses :meth:`WorkflowStore.wake` makes due now
+WAKEABLE = frozenset({RunStatus.READY, RunStatus.WAITING, RunStatus.DIVERGED})
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """The columns of a run row the rules read."""
+
+    status: RunStatus
+    revision: int
+    lease_token: int
+    lease_until: float | None
+    wait_signals: tuple[str, ...]
+    reason: str
+
+
+def fence(run: RunState | None, lease: Lease, expected: int, now: float) -> str | None:
+    """Return why a commit from ``lease`` at revision ``expected`` is refused, or None if it may write."""
+    if run is None:
+        return "the run no longer exists"
+    if run.status is not RunStatus.RUNNING or run.lease_token != lease.token:
+        return "fenced off by a newer lease"
+    if run.lease_until is None or run.lease_until <= now:
+        return "the lease expired"
+    if run.revision != expected:
+        return f"revision {run.revision} is not the expected {expected}"
+    return None
+
+
+def is_own_retry(
+    run: RunState | None,
+    lease: Lease,
+    expected: int,
+    events: Sequence[EventRow],
+    columns: RunColumns | None,
+    stored: Sequence[tuple[str, str, str]],
+) -> bool:
+    """Tell whether a fenced commit was already written by an earlier attempt of itself.
+
+    ``stored`` holds (type, key, body) of the run's events after ``expected``, in order.
+    """
+    if run is None or run.lease_token != lease.token or run.revision != expected + len(events):
+        return False
+    if events:
+        return [(e.type, e.key, e.body.decode()) for e in events] == list(stored)
+    return (
+        columns is not None
+        and run.status is columns.status
+        and run.lease_until is None
+        and run.wait_signals == columns.wait_signals
+        and run.reason == columns.reason
+    )
+
+
+def commit_due(columns: RunColumns, now: float, unconsumed: Collection[str]) -> float | None:
+    """The due time a transition writes: now if the run starts waiting for a signal it already holds."""
+    if columns.status is RunStatus.WAITING and any(name in unconsumed for name in columns.wait_signals):
+        return now  # invariant: a signal that beat the wait wakes the run at once
+    return columns.due_at
+
+
+def recovered(run: RunState) -> bool:
+    """A claim of a RUNNING run takes it over from a worker whose lease expired."""
+    return run.status is RunStatus.RUNNING
+
+
+def wake_refusal(run_id: str, status: RunStatus) -> InvalidStateError | None:
+    """Why ``wake`` does not apply to a run in ``status``, or None if it does."""
+    if status in WAKEABLE:
+        return None
+    if status is RunStatus.PARKED:
+        why = "it waits for an operator to resolve an ambiguous effect: use `runifold resolve`"
+    elif status is RunStatus.RUNNING:
+        why = "a worker is running it already"
+    else:
+        why = "it has finished: use `runifold retry` to run a failed run again"
+    return InvalidStateError(f"run {run_id} is {status}, so it cannot be woken: {why}")
+
+
+def intervene_refusal(run_id: str, status: RunStatus, allowed: Collection[RunStatus]) -> InvalidStateError | None:
+    """Why an operator action needing ``allowed`` does not fit a run in ``status``, or None."""
+    if status in allowed:
+        return None
+    return InvalidStateError(
+        f"run {run_id} is {status}; this operation needs it to be {' or '.join(sorted(allowed))}"
+    )
+
+
+def intervene_due(status: RunStatus, now: float) -> float | None:
+    """An operator's transition makes an unfinished run due at once."""
+    return None if status.finished else now
+
+
+def purge_refusal(run_id: str, status: RunStatus) -> InvalidStateError | None:
+    """Why a run in ``status`` cannot be purged, or None."""
+    if status.finished:
+        return None
+    return InvalidStateError(f"run {run_id} is {status}; only finished runs can be purged: cancel it first")
+
+
+def signal_verdict(
+    existing: tuple[str, str] | None, name: str, payload_hash: str, unconsumed: int, max_unconsumed: int
+) -> str:
+    """``accepted``, ``duplicate``, ``rejected:conflict`` or ``rejected:inbox_full`` for a delivery.
+
+    ``existing`` is the (name, payload hash) already stored under the signal id, if any.
+    """
+    if existing is not None:
+        return "duplicate" if existing == (name, payload_hash) else "rejected:conflict"
+    if unconsumed >= max_unconsumed:
+        return "rejected:inbox_full"
+    return "accepted"
+
+
+def inbox_full(run_id: str, limit: int) -> SignalRejectedError:
+    """The error for a delivery to a run whose inbox is full."""
+    return SignalRejectedError(
+        "inbox_full", f"run {run_id} already holds {limit} unconsumed signals; wait until it consumes some"
+    )
+
+
+def signal_wakes(status: RunStatus, wait_signals: Collection[str], name: str) -> bool:
+    """A delivered signal makes a run that waits for it due now."""
+    return status is RunStatus.WAITING and name in wait_signals
+
+
+def enqueue_verdict(
+    existing: tuple[str, str, int, str] | None, run_id: str, name: str, version: int, input_json: str
+) -> str:
+    """``created``, ``retried`` (our own earlier attempt), ``existing`` or ``conflict``.
+
+    ``existing`` is the (run id, name, version, input) of the run already under
+    the task's checkpoint id or its run id, if any.
+    """
+    if existing is None:
+        return "created"
+    same = existing[1:] == (name, version, input_json)
+    if not same:
+        return "conflict"
+    return "retried" if existing[0] == run_id else "existing"

@@ -1,0 +1,379 @@
+-- runifold PostgreSQL schema, version 1 (the baseline).
+-- Times are seconds since the epoch on the database clock (clock_timestamp()).
+-- Event bodies, inputs and payloads are JSON kept as text: any valid Unicode,
+-- NUL included (JSON escapes it as \u0000, which jsonb would refuse), is kept
+-- exactly as the client encoded it.
+--
+-- What each function does to a run is the rule of runifold/stores/_rule.py,
+-- stated in SQL; the differential test holds the two to each other.
+
+-- One row per run: its identity, scheduling state and lease.
+CREATE TABLE runifold_runs (
+    run_id        text PRIMARY KEY,          -- 'run_' + 24 hex digits; sorts by creation time
+    checkpoint_id text UNIQUE,               -- the caller's identity of the run; never starts with 'run_'
+    name          text    NOT NULL,
+    version       integer NOT NULL,
+    input_json    text    NOT NULL,          -- canonical JSON (sorted keys): compares re-enqueued tasks
+    status        text    NOT NULL,          -- ready, running, waiting, parked, diverged, completed, failed, cancelled
+    revision      bigint  NOT NULL,          -- invariant: the seq of the run's last event
+    -- invariant: due_at is NULL exactly when the run can never be claimed by time alone
+    due_at        double precision,
+    lease_owner   text,
+    lease_token   bigint  NOT NULL DEFAULT 0, -- the fencing token: only ever grows
+    lease_until   double precision,
+    claim_nonce   text,                      -- the claim call that took the lease: a retried claim finds it
+    recoveries    integer NOT NULL DEFAULT 0, -- claims that took the run over from an expired lease
+    wait_signals  text[]  NOT NULL DEFAULT '{}',
+    reason        text    NOT NULL DEFAULT '',
+    created_at    double precision NOT NULL,
+    updated_at    double precision NOT NULL
+);
+CREATE INDEX runifold_runs_due ON runifold_runs (due_at) WHERE due_at IS NOT NULL;
+CREATE INDEX runifold_runs_listing ON runifold_runs (name, version, status);
+CREATE INDEX runifold_runs_claims ON runifold_runs (claim_nonce) WHERE status = 'running';
+CREATE INDEX runifold_runs_finished ON runifold_runs (updated_at) WHERE status IN ('completed', 'failed', 'cancelled');
+-- A claim walks the due_at index from its oldest entry, and every claim, lease
+-- renewal and final commit leaves a dead entry in it until VACUUM removes it.
+-- With the defaults, autovacuum waits for dead rows worth 20 % of the table
+-- (mostly finished runs) and then skips the indexes, so dead entries pile up in
+-- proportion to the finished runs kept. Vacuum it, indexes included, once its
+-- dead rows reach 1,000 plus 1 % of it.
+ALTER TABLE runifold_runs SET (
+    vacuum_index_cleanup = on,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000
+);
+
+-- The append-only log: seq 1, 2, 3, ... per run.
+CREATE TABLE runifold_events (
+    run_id text   NOT NULL,
+    seq    bigint NOT NULL,
+    type   text   NOT NULL,
+    key    text   NOT NULL,
+    at     double precision NOT NULL,
+    body   text   NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+
+-- Accepted signals, once per (run, signal id).
+CREATE TABLE runifold_signals (
+    run_id       text    NOT NULL,
+    signal_id    text    NOT NULL,
+    name         text    NOT NULL,
+    payload      text    NOT NULL,
+    payload_hash text    NOT NULL,
+    sender       text    NOT NULL,
+    key_id       text    NOT NULL,
+    reason       text    NOT NULL,
+    received_at  double precision NOT NULL,
+    arrival      bigserial,                  -- orders signals received at the same time
+    consumed     boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (run_id, signal_id)
+);
+
+-- Every signal attempt: accepted, duplicate, rejected (and why). Never a secret.
+CREATE TABLE runifold_signal_audit (
+    id           bigserial PRIMARY KEY,
+    run_id       text,                       -- NULL: the attempt named no known run
+    run_ref      text NOT NULL,
+    signal_id    text NOT NULL,
+    name         text NOT NULL,
+    sender       text NOT NULL,
+    key_id       text NOT NULL,
+    verdict      text NOT NULL,
+    payload_hash text NOT NULL,
+    reason       text NOT NULL,
+    detail       text NOT NULL,
+    at           double precision NOT NULL
+);
+CREATE INDEX runifold_signal_audit_run ON runifold_signal_audit (run_id, id);
+CREATE INDEX runifold_signal_audit_ref ON runifold_signal_audit (run_ref);
+
+CREATE FUNCTION runifold_now() RETURNS double precision
+LANGUAGE sql VOLATILE AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
+
+-- A run looked up by reference (p_column: 'run_id' or 'checkpoint_id') and locked.
+CREATE FUNCTION runifold_lock_run(p_column text, p_ref text) RETURNS runifold_runs
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_run runifold_runs%ROWTYPE;
+BEGIN
+    IF p_column = 'checkpoint_id' THEN
+        SELECT * INTO v_run FROM runifold_runs WHERE checkpoint_id = p_ref FOR UPDATE;
+    ELSE
+        SELECT * INTO v_run FROM runifold_runs WHERE run_id = p_ref FOR UPDATE;
+    END IF;
+    RETURN v_run;
+END
+$$;
+
+-- Enqueue any number of tasks in one transaction. The caller chooses the run
+-- ids, so a retried call finds the runs its first attempt created (created =
+-- true) instead of creating them twice. A checkpoint id that names another task
+-- raises SQLSTATE RF001 (DETAIL: the existing run id, HINT: the checkpoint id)
+-- and nothing is enqueued.
+CREATE FUNCTION runifold_enqueue(
+    p_run_ids text[], p_checkpoint_ids text[], p_names text[], p_versions integer[], p_inputs text[],
+    p_types text[], p_keys text[], p_bodies text[]
+) RETURNS TABLE (run_id text, created boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_now double precision := runifold_now();
+    v_existing runifold_runs%ROWTYPE;
+    i integer;
+BEGIN
+    FOR i IN 1 .. coalesce(cardinality(p_run_ids), 0) LOOP
+        INSERT INTO runifold_runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at,
+                                   created_at, updated_at)
+        VALUES (p_run_ids[i], p_checkpoint_ids[i], p_names[i], p_versions[i], p_inputs[i], 'ready', 1, v_now,
+                v_now, v_now)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            INSERT INTO runifold_events (run_id, seq, type, key, at, body)
+            VALUES (p_run_ids[i], 1, p_types[i], p_keys[i], v_now, p_bodies[i]);
+            run_id := p_run_ids[i];
+            created := true;
+        ELSE
+            IF p_checkpoint_ids[i] IS NOT NULL THEN
+                SELECT * INTO v_existing FROM runifold_runs WHERE checkpoint_id = p_checkpoint_ids[i];
+            ELSE
+                SELECT * INTO v_existing FROM runifold_runs WHERE run_id = p_run_ids[i];
+            END IF;
+            IF v_existing.name <> p_names[i] OR v_existing.version <> p_versions[i]
+               OR v_existing.input_json <> p_inputs[i] THEN
+                RAISE EXCEPTION 'checkpoint id names another task' USING ERRCODE = 'RF001',
+                    DETAIL = v_existing.run_id, HINT = coalesce(p_checkpoint_ids[i], '');
+            END IF;
+            run_id := v_existing.run_id;
+            created := v_existing.run_id = p_run_ids[i];  -- our own first attempt
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+    PERFORM pg_notify('runifold_work', '');
+END
+$$;
+
+-- The commit rule (runifold/stores/_rule.py): fence, or recognise a retry of
+-- itself; append; consume; transition; a signal that beat the wait makes the
+-- run due now; wake idle workers when a due time was set.
+CREATE FUNCTION runifold_commit(
+    p_run text, p_token bigint, p_expected bigint, p_types text[], p_keys text[], p_bodies text[],
+    p_status text, p_due double precision, p_waits text[], p_reason text, p_consumed text[]
+) RETURNS TABLE (ok boolean, new_revision bigint, at double precision, detail text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_now double precision := runifold_now();
+    v_n bigint := coalesce(cardinality(p_types), 0);
+    v_run runifold_runs%ROWTYPE;
+BEGIN
+    -- the fence: the UPDATE takes the run's row lock, so the checks below see every
+    -- delivery committed before it, and later deliveries wait for this transaction
+    IF p_status IS NULL THEN
+        UPDATE runifold_runs SET revision = p_expected + v_n, updated_at = v_now
+        WHERE run_id = p_run AND status = 'running' AND lease_token = p_token AND lease_until > v_now
+          AND revision = p_expected;
+    ELSE
+        UPDATE runifold_runs SET revision = p_expected + v_n, updated_at = v_now, status = p_status, due_at = p_due,
+            wait_signals = p_waits, reason = p_reason, lease_owner = NULL, lease_until = NULL
+        WHERE run_id = p_run AND status = 'running' AND lease_token = p_token AND lease_until > v_now
+          AND revision = p_expected;
+    END IF;
+    IF NOT FOUND THEN
+        SELECT * INTO v_run FROM runifold_runs WHERE run_id = p_run;
+        IF FOUND AND v_run.lease_token = p_token AND v_run.revision = p_expected + v_n AND (
+            (v_n > 0 AND NOT EXISTS (
+                SELECT 1 FROM unnest(p_types, p_keys, p_bodies) WITH ORDINALITY AS x(type, key, body, ord)
+                LEFT JOIN runifold_events e ON e.run_id = p_run AND e.seq = p_expected + x.ord
+                WHERE e.body IS DISTINCT FROM x.body OR e.type IS DISTINCT FROM x.type OR e.key IS DISTINCT FROM x.key))
+            OR (v_n = 0 AND p_status IS NOT NULL AND v_run.status = p_status AND v_run.lease_until IS NULL
+                AND v_run.wait_signals = p_waits AND v_run.reason = p_reason)
+        ) THEN
+            -- a retry of this very commit, whose first attempt was written and its answer lost
+            RETURN QUERY SELECT true, v_run.revision, v_run.updated_at, ''::text;
+            RETURN;
+        END IF;
+        RETURN QUERY SELECT false, coalesce(v_run.revision, 0::bigint), v_now, CASE
+            WHEN v_run.run_id IS NULL THEN 'the run no longer exists'
+            WHEN v_run.status <> 'running' OR v_run.lease_token <> p_token THEN 'fenced off by a newer lease'
+            WHEN v_run.lease_until <= v_now THEN 'the lease expired'
+            ELSE format('revision %s is not the expected %s', v_run.revision, p_expected) END;
+        RETURN;
+    END IF;
+    INSERT INTO runifold_events (run_id, seq, type, key, at, body)
+    SELECT p_run, p_expected + x.ord, x.type, x.key, v_now, x.body
+    FROM unnest(p_types, p_keys, p_bodies) WITH ORDINALITY AS x(type, key, body, ord);
+    IF cardinality(p_consumed) > 0 THEN
+        UPDATE runifold_signals SET consumed = true WHERE run_id = p_run AND signal_id = ANY (p_consumed);
+    END IF;
+    IF p_status = 'waiting' AND EXISTS (
+        SELECT 1 FROM runifold_signals s WHERE s.run_id = p_run AND NOT s.consumed AND s.name = ANY (p_waits)
+    ) THEN
+        -- invariant: a signal that beat the wait wakes the run at once
+        UPDATE runifold_runs SET due_at = v_now WHERE run_id = p_run;
+        PERFORM pg_notify('runifold_work', '');
+    ELSIF p_status IS NOT NULL AND p_due IS NOT NULL THEN
+        -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
+        PERFORM pg_notify('runifold_work', '');
+    END IF;
+    RETURN QUERY SELECT true, p_expected + v_n, v_now, ''::text;
+END
+$$;
+
+-- Deliver a signal to exactly one run id: accepted, duplicate (same name and
+-- payload hash), rejected:conflict (the id names another signal) or
+-- rejected:inbox_full; every attempt is audited. No row: the run does not exist.
+CREATE FUNCTION runifold_deliver(
+    p_run text, p_ref text, p_signal text, p_name text, p_payload text, p_hash text, p_sender text, p_key text,
+    p_reason text, p_max integer
+) RETURNS TABLE (verdict text, received_at double precision, run_status text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_now double precision := runifold_now();
+    v_run runifold_runs%ROWTYPE;
+    v_sig runifold_signals%ROWTYPE;
+    v_verdict text;
+    v_detail text := '';
+BEGIN
+    -- invariant: the run row is locked, so a concurrent commit sees this signal or we see its wait
+    SELECT * INTO v_run FROM runifold_runs WHERE run_id = p_run FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT * INTO v_sig FROM runifold_signals WHERE run_id = p_run AND signal_id = p_signal;
+    IF FOUND THEN
+        v_verdict := CASE WHEN v_sig.name = p_name AND v_sig.payload_hash = p_hash THEN 'duplicate'
+                          ELSE 'rejected:conflict' END;
+    ELSIF (SELECT count(*) FROM runifold_signals WHERE run_id = p_run AND NOT consumed) >= p_max THEN
+        v_verdict := 'rejected:inbox_full';
+    ELSE
+        v_verdict := 'accepted';
+        IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
+            v_detail := 'run finished; kept unconsumed';
+        END IF;
+        INSERT INTO runifold_signals (run_id, signal_id, name, payload, payload_hash, sender, key_id, reason, received_at)
+        VALUES (p_run, p_signal, p_name, p_payload, p_hash, p_sender, p_key, p_reason, v_now);
+        IF v_run.status = 'waiting' AND p_name = ANY (v_run.wait_signals) THEN
+            UPDATE runifold_runs SET due_at = v_now WHERE run_id = p_run;
+            PERFORM pg_notify('runifold_work', '');
+        END IF;
+    END IF;
+    INSERT INTO runifold_signal_audit (run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason,
+                                       detail, at)
+    VALUES (p_run, p_ref, p_signal, p_name, p_sender, p_key, v_verdict, p_hash, p_reason, v_detail, v_now);
+    RETURN QUERY SELECT v_verdict, coalesce(v_sig.received_at, v_now), v_run.status;
+END
+$$;
+
+-- Keep a rejected attempt, and only the newest p_cap rejected attempts of its run
+-- (of attempts against no known run, when p_run is NULL).
+CREATE FUNCTION runifold_record_rejected(
+    p_run text, p_ref text, p_signal text, p_name text, p_sender text, p_key text, p_verdict text, p_hash text,
+    p_reason text, p_detail text, p_at double precision, p_cap integer
+) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    INSERT INTO runifold_signal_audit (run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash,
+                                       reason, detail, at)
+    VALUES (p_run, p_ref, p_signal, p_name, p_sender, p_key, p_verdict, p_hash, p_reason, p_detail, p_at);
+    DELETE FROM runifold_signal_audit WHERE run_id IS NOT DISTINCT FROM p_run AND verdict LIKE 'rejected%' AND id <= (
+        SELECT id FROM runifold_signal_audit WHERE run_id IS NOT DISTINCT FROM p_run AND verdict LIKE 'rejected%'
+        ORDER BY id DESC OFFSET p_cap LIMIT 1);
+$$;
+
+-- An operator's append: fences off any lease holder. Returns the run's status
+-- before (new_revision NULL: its status is not in p_allowed, nothing written);
+-- no row: no such run.
+CREATE FUNCTION runifold_intervene(
+    p_column text, p_ref text, p_allowed text[], p_types text[], p_keys text[], p_bodies text[], p_status text
+) RETURNS TABLE (run_id text, status text, new_revision bigint, at double precision)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_now double precision := runifold_now();
+    v_run runifold_runs%ROWTYPE := runifold_lock_run(p_column, p_ref);
+    v_n bigint := coalesce(cardinality(p_types), 0);
+BEGIN
+    IF v_run.run_id IS NULL THEN
+        RETURN;
+    END IF;
+    IF NOT v_run.status = ANY (p_allowed) THEN
+        RETURN QUERY SELECT v_run.run_id, v_run.status, NULL::bigint, v_now;
+        RETURN;
+    END IF;
+    INSERT INTO runifold_events (run_id, seq, type, key, at, body)
+    SELECT v_run.run_id, v_run.revision + x.ord, x.type, x.key, v_now, x.body
+    FROM unnest(p_types, p_keys, p_bodies) WITH ORDINALITY AS x(type, key, body, ord);
+    UPDATE runifold_runs SET revision = v_run.revision + v_n, updated_at = v_now, status = p_status,
+        due_at = CASE WHEN p_status IN ('completed', 'failed', 'cancelled') THEN NULL ELSE v_now END,
+        lease_token = lease_token + 1, lease_owner = NULL, lease_until = NULL
+    WHERE run_id = v_run.run_id;
+    PERFORM pg_notify('runifold_work', '');
+    RETURN QUERY SELECT v_run.run_id, v_run.status, v_run.revision + v_n, v_now;
+END
+$$;
+
+-- Make a ready, waiting or diverged run due now; returns its status before
+-- (woken false: not one of those, nothing written); no row: no such run.
+CREATE FUNCTION runifold_wake(p_column text, p_ref text) RETURNS TABLE (run_id text, status text, woken boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_run runifold_runs%ROWTYPE := runifold_lock_run(p_column, p_ref);
+BEGIN
+    IF v_run.run_id IS NULL THEN
+        RETURN;
+    END IF;
+    IF v_run.status IN ('ready', 'waiting', 'diverged') THEN
+        UPDATE runifold_runs SET due_at = runifold_now() WHERE run_id = v_run.run_id;
+        PERFORM pg_notify('runifold_work', '');
+        RETURN QUERY SELECT v_run.run_id, v_run.status, true;
+    ELSE
+        RETURN QUERY SELECT v_run.run_id, v_run.status, false;
+    END IF;
+END
+$$;
+
+-- Delete a finished run with its events, signals and audit; returns its status
+-- (nothing deleted unless finished); no row: no such run.
+CREATE FUNCTION runifold_purge(p_column text, p_ref text) RETURNS TABLE (run_id text, status text)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    v_run runifold_runs%ROWTYPE := runifold_lock_run(p_column, p_ref);
+BEGIN
+    IF v_run.run_id IS NULL THEN
+        RETURN;
+    END IF;
+    IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
+        PERFORM runifold_delete_runs(ARRAY[v_run.run_id]);
+    END IF;
+    RETURN QUERY SELECT v_run.run_id, v_run.status;
+END
+$$;
+
+CREATE FUNCTION runifold_delete_runs(p_runs text[]) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    DELETE FROM runifold_events WHERE run_id = ANY (p_runs);
+    DELETE FROM runifold_signals WHERE run_id = ANY (p_runs);
+    DELETE FROM runifold_signal_audit WHERE run_id = ANY (p_runs);
+    DELETE FROM runifold_runs WHERE run_id = ANY (p_runs);
+$$;
+
+-- Delete up to p_limit finished runs last updated before p_before; returns how many.
+CREATE FUNCTION runifold_purge_finished(p_before double precision, p_limit integer) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_runs text[];
+BEGIN
+    SELECT array_agg(run_id) INTO v_runs FROM (
+        SELECT run_id FROM runifold_runs WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at < p_before
+        ORDER BY updated_at LIMIT p_limit FOR UPDATE SKIP LOCKED) doomed;
+    IF v_runs IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM runifold_delete_runs(v_runs);
+    RETURN cardinality(v_runs);
+END
+$$;

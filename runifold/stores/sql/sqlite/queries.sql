@@ -1,0 +1,133 @@
+-- Every statement the SQLite store sends. What each operation does to a run
+-- is decided in Python by runifold/stores/_rule.py; these read and write it.
+
+-- name: has_schema_table
+SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runifold_schema'
+
+-- name: schema_version
+SELECT max(version) FROM runifold_schema
+
+-- name: create_schema_table
+CREATE TABLE IF NOT EXISTS runifold_schema (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)
+
+-- name: record_version
+INSERT INTO runifold_schema (version, applied_at) VALUES (?, ?)
+
+-- name: run
+SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
+       created_at, updated_at, reason, recoveries, wait_signals
+FROM runs WHERE {ref} = ?
+
+-- name: task_of
+SELECT run_id, name, version, input_json FROM runs WHERE {ref} = ?
+
+-- name: insert_run
+INSERT INTO runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?)
+
+-- name: insert_event
+INSERT INTO events (run_id, seq, type, key, at, body) VALUES (?, ?, ?, ?, ?, ?)
+
+-- name: claim
+-- '+name': never let the planner trade the small due-time index for the name index
+UPDATE runs SET status = 'running', lease_token = lease_token + 1, lease_owner = ?, lease_until = ?, due_at = ?,
+    updated_at = ?, recoveries = recoveries + (status = 'running')
+WHERE run_id = (
+    SELECT run_id FROM runs WHERE due_at IS NOT NULL AND due_at <= ?
+    AND +name IN (SELECT value FROM json_each(?))
+    AND run_id NOT IN (SELECT value FROM json_each(?))
+    ORDER BY due_at LIMIT 1
+)
+RETURNING run_id, checkpoint_id, name, version, lease_token, recoveries
+
+-- name: history
+SELECT seq, at, type, key, body FROM events WHERE run_id = ? ORDER BY seq
+
+-- name: events_after
+SELECT type, key, body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq
+
+-- name: inbox
+SELECT signal_id, name, payload, sender, reason, received_at FROM signals
+WHERE run_id = ? AND consumed = 0 ORDER BY received_at, arrival
+
+-- name: unconsumed_names
+SELECT DISTINCT name FROM signals WHERE run_id = ? AND consumed = 0
+
+-- name: renew
+UPDATE runs SET lease_until = ?, due_at = ? WHERE run_id = ?
+
+-- name: append
+UPDATE runs SET revision = ?, updated_at = ? WHERE run_id = ?
+
+-- name: transition
+UPDATE runs SET revision = ?, updated_at = ?, status = ?, due_at = ?, wait_signals = ?, reason = ?,
+    lease_owner = NULL, lease_until = NULL
+WHERE run_id = ?
+
+-- name: consume
+UPDATE signals SET consumed = 1 WHERE run_id = ? AND signal_id = ?
+
+-- name: release
+UPDATE runs SET status = 'ready', due_at = ?, lease_owner = NULL, lease_until = NULL
+WHERE run_id = ? AND status = 'running' AND lease_token = ?
+
+-- name: intervene
+UPDATE runs SET revision = ?, updated_at = ?, status = ?, due_at = ?, lease_token = lease_token + 1,
+    lease_owner = NULL, lease_until = NULL
+WHERE run_id = ?
+
+-- name: wake
+UPDATE runs SET due_at = ? WHERE run_id = ?
+
+-- name: finished_before
+SELECT run_id FROM runs WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at < ? ORDER BY updated_at LIMIT ?
+
+-- name: delete_events
+DELETE FROM events WHERE run_id = ?
+
+-- name: delete_signals
+DELETE FROM signals WHERE run_id = ?
+
+-- name: delete_audit
+DELETE FROM signal_audit WHERE run_id = ?
+
+-- name: delete_run
+DELETE FROM runs WHERE run_id = ?
+
+-- name: signal_of
+SELECT name, payload_hash, received_at FROM signals WHERE run_id = ? AND signal_id = ?
+
+-- name: unconsumed_count
+SELECT count(*) FROM signals WHERE run_id = ? AND consumed = 0
+
+-- name: insert_signal
+INSERT INTO signals (run_id, signal_id, name, payload, payload_hash, sender, key_id, reason, received_at, arrival)
+SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(MAX(arrival), 0) + 1 FROM signals WHERE run_id = ?
+
+-- name: insert_audit
+INSERT INTO signal_audit (run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason, detail, at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: trim_rejected
+-- keeps the newest ? rejected attempts against one run (run_id IS NULL: against no known run)
+DELETE FROM signal_audit WHERE run_id IS ? AND verdict LIKE 'rejected%' AND id <= (
+    SELECT id FROM signal_audit WHERE run_id IS ? AND verdict LIKE 'rejected%' ORDER BY id DESC LIMIT 1 OFFSET ?
+)
+
+-- name: audit
+SELECT run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason, detail, at
+FROM signal_audit WHERE run_id = ? OR run_ref = ? ORDER BY id
+
+-- name: next_due
+SELECT min(due_at) FROM runs WHERE due_at > ?
+
+-- name: list_runs
+SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
+       created_at, updated_at, reason, recoveries, wait_signals
+FROM runs
+WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
+  AND (?4 IS NULL OR run_id < ?4)
+ORDER BY run_id DESC LIMIT ?5
+
+-- name: count_runs
+SELECT count(*) FROM runs WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
