@@ -2,41 +2,97 @@
 
 Every flag has an environment variable: ``--store`` is ``RUNIFOLD_STORE``,
 ``--idle-wait`` is ``RUNIFOLD_IDLE_WAIT``, and so on (``--help`` lists them).
+The shared flags (``--store``, ``--app``, ``--json``, ``--debug``,
+``--log-level``, ``--log-format``) go anywhere on the line, before or after
+the command.
 
-Exit codes: 0 success; 1 the operation was refused or found a problem (a run
-not found, a rejected signal, a diverging replay, a run in the wrong state);
-2 bad usage or configuration (including an unreachable store).
+Exit codes:
+
+* 0 success;
+* 1 refused, or a problem found: a run not found, a rejected signal, a
+  diverging replay, a run in the wrong state, a failed drill step;
+* 2 bad usage or configuration: an unknown flag or a bad value, a missing or
+  malformed key file, no key ring for ``signal``, a store file that does not
+  exist, an unreachable store, an argument that is not UTF-8;
+* 3 an unexpected internal error (a bug: rerun with ``--debug`` and report
+  the traceback);
+* 130 interrupted (Ctrl-C) outside the worker;
+* 141 the reader of the output went away (``runifold runs list | head``).
+
+Errors are one line on stderr unless ``--debug``, which adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import NoReturn
 
-import structlog
-
-from runifold.cli import _drill, _operate, _runs, _signals
+from runifold.cli import _drill, _keys, _logging, _operate, _recover, _runs, _signals
 from runifold.cli._common import DEFAULT_STORE, UsageError
+from runifold.cli._text import printable
 from runifold.errors import ConfigurationError, RunifoldError, StoreError
+
+EXIT_REFUSED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_PIPE = 1, 2, 3, 130, 141
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line that points to ``--help``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {printable(message)} (see `{self.prog} --help`)\n")
+
+
+def _version() -> str:
+    try:
+        return version("runifold")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def add_shared_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The flags every command takes; on a subcommand they default to "not given", so the top level's value stands."""
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
+    group = parser.add_argument_group("shared options (anywhere on the line)")
+    group.add_argument("--store", default=default(DEFAULT_STORE), help=f"store URL (default {DEFAULT_STORE})")
+    group.add_argument("--app", default=default(None), help="module:attribute of your WorkflowRegistry")
+    group.add_argument("--json", action="store_true", default=default(False), help="machine-readable output on stdout")
+    group.add_argument("--debug", action="store_true", default=default(False),
+                       help="tracebacks with errors, and debug logs")
+    group.add_argument("--log-level", default=default("warning"), choices=_logging.LEVELS,
+                       help="least severe log records shown on stderr (default warning)")
+    group.add_argument("--log-format", default=default("console"), choices=_logging.FORMATS,
+                       help="log records as text lines or JSON objects (default console)")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                yield sub
+                yield from _subparsers(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runifold", description="Durable async workflows: operate runs and workers.")
-    parser.add_argument("--store", default=DEFAULT_STORE, help=f"store URL (default {DEFAULT_STORE})")
-    parser.add_argument("--app", help="module:attribute of your WorkflowRegistry")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logs")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                        help="log level on stderr")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser: argparse.ArgumentParser = Parser(prog="runifold", description="Durable async workflows: operate runs and workers.")
+    parser.add_argument("--version", action="version", version=f"runifold {_version()}")
+    add_shared_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _operate.register(sub)
     _runs.register(sub)
+    _recover.register(sub)
     _signals.register(sub)
+    _keys.register(sub)
     _drill.register(sub)
+    for child in _subparsers(parser):
+        add_shared_options(child, top=False)
     apply_environment(parser)
     return parser
 
@@ -54,15 +110,15 @@ def apply_environment(parser: argparse.ArgumentParser) -> None:
     """
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
+            for sub in dict.fromkeys(action.choices.values()):
                 apply_environment(sub)
             continue
-        if not action.option_strings or isinstance(action, argparse._HelpAction):
+        if not action.option_strings or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             continue
         name = env_name(action)
         action.help = f"{action.help or ''} (env {name})".strip()
         value = os.environ.get(name)
-        if value is None:
+        if value is None or action.default is argparse.SUPPRESS:  # a shared flag's copy: the top level reads it
             continue
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
             action.default = value.lower() in ("1", "true", "yes", "on")
@@ -71,32 +127,59 @@ def apply_environment(parser: argparse.ArgumentParser) -> None:
         action.required = False
 
 
-def _configure_logging(args: argparse.Namespace) -> None:
-    level = logging.DEBUG if args.debug else getattr(logging, args.log_level.upper())
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+def _not_utf8(arguments: Sequence[str]) -> str | None:
+    """Describe the first argument or RUNIFOLD_* variable that is not valid UTF-8, if any."""
+    named = [(f"argument {i + 1}", a) for i, a in enumerate(arguments)]
+    named += [(f"environment variable {k}", v) for k, v in os.environ.items() if k.startswith("RUNIFOLD_")]
+    for what, text in named:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{what} is not valid UTF-8 ({printable(text)}); pass text in UTF-8"
+    return None
+
+
+def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str) -> int:
+    if args.debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"runifold: {prefix}{printable(str(exc))}", file=sys.stderr)
+    return code
+
+
+def _closed_pipe() -> int:
+    """The reader went away (``| head``): stop quietly, and keep the interpreter's last flush from failing again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_PIPE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    _configure_logging(args)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    problem = _not_utf8(arguments)
+    if problem:
+        print(f"runifold: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
-        return int(asyncio.run(args.handler(args)))
+        args = build_parser().parse_args(arguments)
+    except SystemExit as exc:  # --help and --version (0), or a usage error argparse already printed (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except BrokenPipeError:
+        return _closed_pipe()
+    _logging.configure("debug" if args.debug else args.log_level, args.log_format)
+    try:
+        code = int(asyncio.run(args.handler(args)))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
     except KeyboardInterrupt:
-        return 130
-    except (UsageError, ConfigurationError, StoreError) as exc:
-        if args.debug:
-            raise
-        print(f"runifold: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INTERRUPTED
+    except (UsageError, ConfigurationError, StoreError, OSError) as exc:
+        return _fail(args, exc, EXIT_USAGE, "error: ")
     except RunifoldError as exc:
-        if args.debug:
-            raise
-        print(f"runifold: {exc}", file=sys.stderr)
-        return 1
+        return _fail(args, exc, EXIT_REFUSED, "")
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, and the traceback with --debug
+        return _fail(args, exc, EXIT_INTERNAL,
+                     f"unexpected error (a bug; rerun with --debug and report the traceback): {type(exc).__name__}: ")
 
 
 if __name__ == "__main__":

@@ -1,28 +1,64 @@
-"""What every command shares: the store and app options, output as tables or JSON."""
+"""What every command shares: the store and app options, argument types, output as tables or JSON."""
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import importlib
+import math
 import os
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
+from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
+from runifold.stores.sqlite import SqliteWorkflowStore
 from runifold.worker import WorkflowRegistry
 
 DEFAULT_STORE = "sqlite:///runifold-workflows.db"
 
+#: the longest duration a seconds flag takes (about 31 years): beyond it a timedelta overflows
+MAX_SECONDS = 1e9
+
+__all__ = ["DEFAULT_STORE", "UsageError", "clip", "compact", "emit_json", "operator", "parse_json", "positive_int",
+           "printable", "registry_of", "seconds", "store_of", "table", "when"]
+
 
 class UsageError(Exception):
-    """Bad command-line input: exit code 2."""
+    """Bad command-line input or configuration: exit code 2."""
 
 
-async def store_of(args: argparse.Namespace) -> WorkflowStore:
+def sqlite_path(url: str) -> str | None:
+    """The file a SQLite store URL names (as :func:`runifold.open_store` reads it), or None for other stores."""
+    if url.startswith("sqlite://"):
+        path = url.removeprefix("sqlite://")
+        return path[1:] if path.startswith("/") else path
+    if not url.startswith(("postgresql://", "postgres://")) and url != "memory:" \
+            and url.endswith((".db", ".sqlite", ".sqlite3")):
+        return url
+    return None
+
+
+async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: bool = False) -> WorkflowStore:
+    """Open the store of ``--store``.
+
+    Only commands that start runs or workers (``create``) may bring a new
+    SQLite file into being; every other command refuses a file that does not
+    exist, so a mistyped path is an error, not an empty store. Commands that
+    only read (``readonly``) open a SQLite file read-only.
+    """
+    path = sqlite_path(args.store)
+    if path is None:
+        return await open_store(args.store)
+    if not create and not os.path.exists(path):
+        action = "reads" if readonly else "changes"
+        raise UsageError(f"no SQLite store at {path}: `runifold {args.command}` {action} an existing store and never "
+                         "creates one; check --store (or RUNIFOLD_STORE), or create it with `runifold migrate`")
+    if readonly:  # no migration, no WAL switch, nothing written: works on a file this user may only read
+        return await SqliteWorkflowStore.open(path, readonly=True)
     return await open_store(args.store)
 
 
@@ -49,40 +85,67 @@ def parse_json(text: str, what: str) -> Any:
         return msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
         raise UsageError(f"{what} is not valid JSON ({exc}); quote it for the shell, e.g. '{{\"order_id\": \"o1\"}}'") from exc
+    except RecursionError:
+        raise UsageError(f"{what} is nested too deeply; pass flatter JSON") from None
+
+
+def operator() -> str:
+    """The person at the keyboard, recorded as ``by`` unless ``--by`` says otherwise."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown-operator"
 
 
 def when(ts: float | None) -> str:
     """Format a store timestamp as UTC ISO-8601 (to the millisecond)."""
-    if ts is None:
-        return "-"
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return iso(ts)
 
 
 def emit_json(value: Any) -> None:
     sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
 
 
+def table_lines(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Rows as aligned columns under ``headers``, every cell on one line with control characters escaped."""
+    cells = [[printable(str(h)) for h in headers]] + [["-" if c is None else printable(str(c)) for c in row]
+                                                     for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     """Print rows as aligned columns under ``headers``."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    for i, row in enumerate(cells):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    for line in table_lines(headers, rows):
+        print(line)
 
 
 def compact(value: Any, limit: int = 80) -> str:
-    text = msgspec.json.encode(value).decode()
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return printable(clip(msgspec.json.encode(value).decode(), limit))
 
 
-def check_positive(value: str) -> float:
+def seconds(value: str) -> float:
+    """An argparse type: a finite, positive number of seconds (at most about 31 years)."""
     try:
         number = float(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from exc
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be positive")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a positive, finite number of seconds up to {MAX_SECONDS:g}")
     return number
 
+
+def positive_int(limit: int) -> Any:
+    """An argparse type: an integer from 1 to ``limit``."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if not 1 <= number <= limit:
+            raise argparse.ArgumentTypeError(f"{value!r} must be from 1 to {limit:,}")
+        return number
+    parse.__name__ = "number"
+    return parse

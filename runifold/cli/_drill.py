@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from runifold.cli._common import emit_json, printable
 from runifold.drill import DrillStep, run_drill
 
 
@@ -16,14 +17,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _print(step: DrillStep) -> None:
     print(f"{'PASS' if step.passed else 'FAIL'}  {step.number}. {step.title}", flush=True)
     for line in step.evidence:
-        print(f"        {line}", flush=True)
+        print(f"        {printable(line)}", flush=True)
+
+
+def _emit(step: DrillStep) -> None:
+    emit_json({"step": step.number, "title": step.title, "passed": step.passed, "evidence": step.evidence})
 
 
 async def drill_cmd(args: argparse.Namespace) -> int:
-    print(f"recovery drill against {args.store.split('@')[-1]}", flush=True)
+    if not args.json:
+        print(f"recovery drill against {args.store.split('@')[-1]}", flush=True)
     started = time.monotonic()
-    report = await run_drill(args.store, _print)
-    verdict = "passed" if report.passed else "FAILED"
-    print(f"drill {verdict}: {sum(s.passed for s in report.steps)}/{len(report.steps)} steps in "
-          f"{time.monotonic() - started:.1f} s", flush=True)
+    report = await run_drill(args.store, _emit if args.json else _print)
+    passed = sum(s.passed for s in report.steps)
+    elapsed = time.monotonic() - started
+    if args.json:
+        emit_json({"passed": report.passed, "steps": len(report.steps), "steps_passed": passed,
+                   "seconds": round(elapsed, 1)})
+    else:
+        print(f"drill {'passed' if report.passed else 'FAILED'}: {passed}/{len(report.steps)} steps in "
+              f"{elapsed:.1f} s", flush=True)
     return 0 if report.passed else 1

@@ -3,35 +3,44 @@
 from __future__ import annotations
 
 import argparse
-import getpass
+import asyncio
+import contextlib
 import os
+import signal
 import socket
+import sys
 from datetime import timedelta
 
 import msgspec
 
-from runifold.cli._common import UsageError, check_positive, emit_json, parse_json, registry_of, store_of
+from runifold.cli._common import (
+    UsageError,
+    emit_json,
+    operator,
+    parse_json,
+    positive_int,
+    registry_of,
+    seconds,
+    store_of,
+)
 from runifold.history import Resolution
-from runifold.stores import WorkflowTask
+from runifold.stores import RunStatus, WorkflowTask
 from runifold.worker import LeaseDuration, Supervisor, WorkerId, WorkflowWorker, cancel_run, resolve_effect
 
-
-def _operator() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown-operator"
+MAX_CONCURRENCY = 10_000
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker = sub.add_parser("worker", help="run a supervisor: claim and drive runs until SIGTERM/SIGINT")
-    worker.add_argument("--concurrency", type=int, default=8, help="runs driven at once (default 8)")
+    worker.add_argument("--concurrency", type=positive_int(MAX_CONCURRENCY), default=8,
+                        help="runs driven at once (default 8)")
     worker.add_argument("--worker-id", help="lease owner id (default host-pid)")
-    worker.add_argument("--lease", type=check_positive, default=30.0, help="lease seconds (default 30); renewed every third")
-    worker.add_argument("--idle-wait", type=check_positive, default=1.0,
+    worker.add_argument("--lease", type=seconds, default=30.0, help="lease seconds (default 30); renewed every third")
+    worker.add_argument("--idle-wait", type=seconds, default=1.0,
                         help="seconds an idle slot waits before polling again (default 1)")
-    worker.add_argument("--grace", type=check_positive, default=10.0,
-                        help="seconds in-flight runs get on shutdown before their leases are released (default 10)")
+    worker.add_argument("--grace", type=seconds, default=10.0,
+                        help="seconds in-flight runs get on shutdown before their leases are released (default 10); "
+                             "a second SIGTERM/SIGINT releases them at once")
     worker.set_defaults(handler=worker_cmd)
 
     enqueue = sub.add_parser("enqueue", help="start a run (idempotent by --checkpoint-id)")
@@ -49,36 +58,64 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     how.add_argument("--retry", action="store_true", help="run it again with the same idempotency key")
     how.add_argument("--fail", action="store_true", help="the workflow receives EffectFailedError")
     resolve.add_argument("--reason", required=True)
-    resolve.add_argument("--by", default=_operator(), help="who decides (default: your user name)")
+    resolve.add_argument("--by", default=operator(), help="who decides (default: your user name)")
     resolve.set_defaults(handler=resolve_cmd)
 
-    cancel = sub.add_parser("cancel", help="cancel an unfinished run")
+    cancel = sub.add_parser("cancel", help="cancel an unfinished run (cancelling a cancelled run changes nothing)")
     cancel.add_argument("run")
     cancel.add_argument("--reason", required=True)
-    cancel.add_argument("--by", default=_operator(), help="who decides (default: your user name)")
+    cancel.add_argument("--by", default=operator(), help="who decides (default: your user name)")
     cancel.set_defaults(handler=cancel_cmd)
 
     migrate = sub.add_parser("migrate", help="create or migrate the store's schema")
     migrate.set_defaults(handler=migrate_cmd)
 
 
+def _on_stop(supervisor: Supervisor, grace: float) -> None:
+    """SIGTERM/SIGINT: the first stops gracefully, a second one stops at once."""
+    state = {"signals": 0}
+
+    def handle() -> None:
+        state["signals"] += 1
+        if state["signals"] == 1:
+            print(f"stopping: in-flight runs get up to {grace:g} s; send SIGTERM or press Ctrl-C again to stop at once",
+                  file=sys.stderr, flush=True)
+            supervisor.stop()
+        else:
+            print("stopping now: in-flight runs are cancelled and their leases released", file=sys.stderr, flush=True)
+            supervisor.stop(now=True)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, handle)
+
+
 async def worker_cmd(args: argparse.Namespace) -> int:
     registry = registry_of(args)
-    if args.concurrency < 1:
-        raise UsageError("--concurrency must be at least 1")
-    worker_id = WorkerId.parse(args.worker_id or f"{socket.gethostname()}-{os.getpid()}")
-    store = await store_of(args)
+    worker_id = WorkerId.parse(f"{socket.gethostname()}-{os.getpid()}" if args.worker_id is None else args.worker_id)
+    store = await store_of(args, create=True)
     try:
         worker = WorkflowWorker(store, registry, worker_id, LeaseDuration(timedelta(seconds=args.lease)),
                                 timedelta(seconds=args.lease / 3))
         supervisor = Supervisor(worker, args.concurrency, idle_wait=timedelta(seconds=args.idle_wait),
                                 grace=timedelta(seconds=args.grace))
-        print(f"worker {worker_id} serving {', '.join(f'{n} v{v}' for n, v in registry.versions())} "
-              f"with concurrency {args.concurrency}", flush=True)
-        await supervisor.run()
-        print(f"worker {worker_id} stopped: {supervisor.outcomes}", flush=True)
+        serving = [f"{n} v{v}" for n, v in registry.versions()]
+        if args.json:
+            emit_json({"event": "worker_started", "worker_id": str(worker_id), "serving": serving,
+                       "concurrency": args.concurrency})
+        else:
+            print(f"worker {worker_id} serving {', '.join(serving)} with concurrency {args.concurrency}")
+        sys.stdout.flush()
+        _on_stop(supervisor, args.grace)
+        await supervisor.run(handle_signals=False)
     finally:
         await store.close()
+    if args.json:
+        emit_json({"event": "worker_stopped", "worker_id": str(worker_id), "outcomes": supervisor.outcomes})
+    else:
+        counts = ", ".join(f"{name} {count}" for name, count in sorted(supervisor.outcomes.items())) or "nothing"
+        print(f"worker {worker_id} stopped: {counts}")
     return 0
 
 
@@ -87,15 +124,21 @@ async def enqueue_cmd(args: argparse.Namespace) -> int:
     if not isinstance(data, dict):
         raise UsageError("--input must be a JSON object of workflow arguments")
     task = registry_of(args).validate(WorkflowTask(args.name, args.version, data, args.checkpoint_id))
-    store = await store_of(args)
+    store = await store_of(args, create=True)
     try:
         result = await store.enqueue(task)
+        status = None if result.created else (await store.get_run(result.run_id)).status
     finally:
         await store.close()
     if args.json:
-        emit_json(msgspec.to_builtins(result))
+        emit_json({**msgspec.to_builtins(result), "status": status or "ready"})
+    elif result.created:
+        print(f"enqueued {result.run_id}")
+    elif status is RunStatus.FAILED:
+        print(f"already enqueued {result.run_id}, which failed: continue it with "
+              f"`runifold retry {result.run_id} --reason ...`")
     else:
-        print(f"{'enqueued' if result.created else 'already enqueued'} {result.run_id}")
+        print(f"already enqueued {result.run_id} ({status})")
     return 0
 
 
@@ -109,25 +152,36 @@ async def resolve_cmd(args: argparse.Namespace) -> int:
         result = await resolve_effect(store, args.run, args.effect, resolution, by=args.by, reason=args.reason, output=output)
     finally:
         await store.close()
-    print(f"resolved {args.effect} of {args.run} as {resolution} (revision {result.revision}); the run is ready")
+    if args.json:
+        emit_json({"run": args.run, "effect": args.effect, "resolution": resolution, "revision": result.revision})
+    else:
+        print(f"resolved {args.effect} of {args.run} as {resolution} (revision {result.revision}); the run is ready")
     return 0
 
 
 async def cancel_cmd(args: argparse.Namespace) -> int:
     store = await store_of(args)
     try:
+        already = (await store.get_run(args.run)).status is RunStatus.CANCELLED
         result = await cancel_run(store, args.run, by=args.by, reason=args.reason)
     finally:
         await store.close()
-    print(f"cancelled {args.run} (revision {result.revision})")
+    if args.json:
+        emit_json({"run": args.run, "revision": result.revision, "already_cancelled": already})
+    else:
+        print(f"{args.run} was already cancelled (revision {result.revision})" if already
+              else f"cancelled {args.run} (revision {result.revision})")
     return 0
 
 
 async def migrate_cmd(args: argparse.Namespace) -> int:
-    store = await store_of(args)
+    store = await store_of(args, create=True)
     try:
-        version = await store.migrate()
+        schema = await store.migrate()
     finally:
         await store.close()
-    print(f"schema at version {version}")
+    if args.json:
+        emit_json({"schema_version": schema})
+    else:
+        print(f"schema at version {schema}")
     return 0

@@ -7,22 +7,37 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._common import UsageError, compact, emit_json, registry_of, store_of, table, when
-from runifold.history import Entry, decode_event, fold
-from runifold.stores import RunStatus
+from runifold.cli._common import (
+    UsageError,
+    clip,
+    compact,
+    emit_json,
+    positive_int,
+    printable,
+    registry_of,
+    store_of,
+    table,
+    table_lines,
+    when,
+)
+from runifold.history import EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
+from runifold.stores import RunInfo, RunStatus
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
+
+MAX_PAGE = 1_000
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     runs = sub.add_parser("runs", help="list runs or show one run's checkpoint")
-    runs_sub = runs.add_subparsers(dest="runs_command", required=True)
-    listing = runs_sub.add_parser("list", help="list runs, newest first")
+    runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
+    listing = runs_sub.add_parser("list", help="list runs, newest first, a page at a time")
     listing.add_argument("--status", choices=[s.value for s in RunStatus])
     listing.add_argument("--name")
     listing.add_argument("--version", type=int)
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=positive_int(MAX_PAGE), default=50, help="runs per page (default 50)")
+    listing.add_argument("--after", metavar="RUN_ID", help="the page after this run id (the last one of a page)")
     listing.set_defaults(handler=runs_list)
-    show = runs_sub.add_parser("show", help="a run's checkpoint: phase, outputs, usage, waits, pending effects")
+    show = runs_sub.add_parser("show", help="a run's checkpoint: phase, outputs, usage, waits, pending effects, failure")
     show.add_argument("run", help="run id or checkpoint id")
     show.set_defaults(handler=runs_show)
 
@@ -37,30 +52,76 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay.set_defaults(handler=replay_cmd)
 
 
+def duration(seconds: float | None) -> str:
+    """``850 ms``, ``12.4 s``, ``3m 05s``, ``2h 03m``, ``4d 07h``; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    for unit, size, sub_unit, sub_size in (("d", 86_400, "h", 3_600), ("h", 3_600, "m", 60), ("m", 60, "s", 1)):
+        if whole >= size:
+            return f"{whole // size}{unit} {whole % size // sub_size:02d}{sub_unit}"
+    raise AssertionError(seconds)
+
+
+def finished_at(info: RunInfo) -> float | None:
+    """When a finished run finished (its last update), None for an unfinished one."""
+    return info.updated_at if info.status.finished else None
+
+
 async def runs_list(args: argparse.Namespace) -> int:
-    store = await store_of(args)
+    status = RunStatus(args.status) if args.status else None
+    store = await store_of(args, readonly=True)
     try:
-        status = RunStatus(args.status) if args.status else None
-        runs = await store.list_runs(status=status, name=args.name, version=args.version, limit=args.limit)
+        runs = await store.list_runs(status=status, name=args.name, version=args.version, limit=args.limit,
+                                     after=args.after)
+        total = await store.count_runs(status=status, name=args.name, version=args.version)
     finally:
         await store.close()
+    more = len(runs) == args.limit and runs[-1].run_id
     if args.json:
-        emit_json([msgspec.to_builtins(r) for r in runs])
+        emit_json({"total": total, "next_after": more or None, "runs": [
+            {**msgspec.to_builtins(r), "finished_at": finished_at(r),
+             "duration": None if finished_at(r) is None else r.updated_at - r.created_at} for r in runs]})
         return 0
-    table(["run_id", "checkpoint_id", "workflow", "status", "rev", "due", "lease_owner", "reason"],
-          [[r.run_id, r.checkpoint_id, f"{r.name} v{r.version}", r.status, r.revision, when(r.due_at),
-            r.lease_owner, r.reason[:40]] for r in runs])
+    table(["run_id", "checkpoint_id", "workflow", "status", "created", "finished", "duration", "due", "lease_owner",
+           "reason"],
+          [[r.run_id, r.checkpoint_id, f"{r.name} v{r.version}", r.status, when(r.created_at), when(finished_at(r)),
+            duration(None if finished_at(r) is None else r.updated_at - r.created_at), when(r.due_at),
+            r.lease_owner, clip(r.reason, 40)] for r in runs])
+    which = " ".join(f"--{k} {v}" for k, v in (("status", args.status), ("name", args.name),
+                                               ("version", args.version)) if v is not None)
+    shown = f"{len(runs)} run(s) shown of {total}{' ' + which if which else ''}, newest first"
+    print(f"{shown}; next page: runifold runs list {which + ' ' if which else ''}--after {more}" if more else shown)
     return 0
 
 
-async def _entries(args: argparse.Namespace, run_ref: str) -> tuple[Any, list[Entry]]:
-    store = await store_of(args)
+async def _entries(args: argparse.Namespace, run_ref: str) -> tuple[RunInfo, list[Entry]]:
+    store = await store_of(args, readonly=True)
     try:
         info = await store.get_run(run_ref)
         rows = await store.history(info.run_id)
     finally:
         await store.close()
     return info, [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
+
+
+def _failure(entries: list[Entry]) -> RunFailed | StepFailed | EffectFailed | None:
+    """The event that explains a failed run: its ``run_failed``, or the failed call it names if only that kept a traceback."""
+    last = entries[-1].event if entries else None
+    if not isinstance(last, RunFailed):
+        return None
+    if last.traceback or not last.key:
+        return last
+    calls = [e.event for e in entries if isinstance(e.event, (StepFailed, EffectFailed)) and e.event.key == last.key]
+    return calls[-1] if calls and calls[-1].traceback else last
+
+
+def _indented(text: str, indent: str) -> list[str]:
+    return [indent + printable(line) for line in text.splitlines()]
 
 
 async def runs_show(args: argparse.Namespace) -> int:
@@ -70,34 +131,56 @@ async def runs_show(args: argparse.Namespace) -> int:
     if args.app:
         definition = registry_of(args).get(info.name, info.version)
         budget = definition.budget if definition else None
+    failed = entries[-1].event if entries and isinstance(entries[-1].event, RunFailed) else None
+    cause = _failure(entries)
     if args.json:
-        emit_json({"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint)})
+        emit_json({"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
+                   "failure": None if failed is None else {
+                       "reason": failed.reason, "key": failed.key,
+                       "error_type": (cause.error_type if cause else "") or failed.error_type,
+                       "traceback": (cause.traceback if cause else "") or failed.traceback}})
         return 0
-    print(f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})")
-    print(f"workflow    {info.name} v{info.version}")
-    print(f"status      {info.status}   phase {checkpoint.phase}   revision {info.revision}")
-    print(f"lease       {info.lease_owner or '-'} until {when(info.lease_until)} (token {info.lease_token})")
+    out = [f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})",
+           f"workflow    {info.name} v{info.version}",
+           f"status      {info.status}   phase {checkpoint.phase}   revision {info.revision}",
+           f"created     {when(info.created_at)}   updated {when(info.updated_at)}"
+           + (f"   took {duration(info.updated_at - info.created_at)}" if info.status.finished else ""),
+           f"lease       {info.lease_owner or '-'} until {when(info.lease_until)} (token {info.lease_token})"]
+    if info.status in (RunStatus.READY, RunStatus.WAITING, RunStatus.DIVERGED):
+        out.append(f"due         {when(info.due_at)}")
     if info.reason:
-        print(f"reason      {info.reason}")
+        out.append(f"reason      {printable(info.reason)}")
     usage = checkpoint.usage
+
     def of(limit: float | None) -> str:
         return "" if budget is None else f" of {'unlimited' if limit is None else f'{limit:g}'}"
 
     limits = (of(budget.max_steps), of(budget.max_effect_attempts), of(budget.max_retries),
               of(budget.max_cost_units)) if budget else ("", "", "", "")
-    print(f"usage       steps {usage.steps}{limits[0]}, effect attempts {usage.effect_attempts}{limits[1]}, "
-          f"retries {usage.retries}{limits[2]}, cost units {usage.cost_units:g}{limits[3]}")
-    print("outputs")
-    for key, value in checkpoint.outputs.items():
-        print(f"  {key:<28} {compact(value)}")
-    for wait in checkpoint.waits:
-        print(f"waiting     {wait.kind} {wait.key} {wait.signal or ''} until {when(wait.until)}")
-    for key, state in checkpoint.pending_effects.items():
-        print(f"effect      {key} is {state}")
+    out.append(f"usage       steps {usage.steps}{limits[0]}, effect attempts {usage.effect_attempts}{limits[1]}, "
+               f"retries {usage.retries}{limits[2]}, cost units {usage.cost_units:g}{limits[3]}")
+    out.append("outputs")
+    out += [f"  {printable(key):<28} {compact(value)}" for key, value in checkpoint.outputs.items()]
+    out += [f"waiting     {wait.kind} {printable(wait.key)} {printable(wait.signal or '')} until {when(wait.until)}"
+            for wait in checkpoint.waits]
+    out += [f"effect      {printable(key)} is {state}" for key, state in checkpoint.pending_effects.items()]
     if checkpoint.failure:
-        print(f"failure     {checkpoint.failure}")
+        out.append(f"failure     {printable(checkpoint.failure)}")
+    if failed is not None:
+        error_type = (cause.error_type if cause else "") or failed.error_type
+        where = f" in {printable(failed.key)}" if failed.key else ""
+        if error_type:
+            out.append(f"error       {printable(error_type)}{where}")
+        trace = (cause.traceback if cause else "") or failed.traceback
+        if trace:
+            out.append("traceback")
+            out += _indented(trace, "  ")
+        else:
+            out.append("traceback   (none recorded)")
     if checkpoint.phase == "completed":
-        print(f"result      {compact(checkpoint.result, 200)}")
+        out.append(f"result      {compact(checkpoint.result, 200)}")
+    for line in out:
+        print(line)
     return 0
 
 
@@ -106,45 +189,49 @@ async def history_cmd(args: argparse.Namespace) -> int:
     if args.json:
         emit_json([{"seq": e.seq, "at": e.at, "event": msgspec.to_builtins(e.event)} for e in entries])
         return 0
-    print(f"{info.run_id}  {info.name} v{info.version}  {info.status}")
-    rows = []
+    print(printable(f"{info.run_id}  {info.name} v{info.version}  {info.status}"))
+    rows, traces = [], []
     for e in entries:
-        data = {k: v for k, v in msgspec.to_builtins(e.event).items() if k not in ("type", "key")}
+        data = {k: v for k, v in msgspec.to_builtins(e.event).items() if k not in ("type", "key", "traceback")}
         rows.append([e.seq, when(e.at), msgspec.to_builtins(e.event)["type"], e.event.key or "", compact(data, 90)])
-    table(["seq", "at", "event", "key", "data"], rows)
+        traces.append(getattr(e.event, "traceback", ""))
+    lines = table_lines(["seq", "at", "event", "key", "data"], rows)
+    for line in lines[:2]:
+        print(line)
+    for line, trace in zip(lines[2:], traces, strict=True):
+        print(line)
+        for extra in _indented(trace, "      | "):
+            print(extra)
     return 0
 
 
 def _print_report(report: ReplayReport) -> None:
     for key, what in report.steps:
-        print(f"  {key:<32} {what}")
+        print(f"  {printable(key):<32} {printable(what)}")
     if report.divergence is not None:
         d = report.divergence
-        print(f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}")
+        print(printable(f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}"))
     elif report.finished:
         print(f"clean: code and history agree to the end (result {compact(report.result)})")
     else:
-        print(f"clean: code and history agree as far as the history goes (stops at {report.stopped_at})")
+        print(f"clean: code and history agree as far as the history goes (stops at {printable(str(report.stopped_at))})")
 
 
 async def replay_cmd(args: argparse.Namespace) -> int:
     registry = registry_of(args)
-    store = await store_of(args)
+    if not args.all and not args.run:
+        raise UsageError("give a RUN to replay, or --all")
+    store = await store_of(args, readonly=True)
     try:
         if args.all:
             reports = await check_compatibility(store, registry, name=args.name)
-        elif args.run:
-            reports = [await replay_run(store, registry, args.run)]
         else:
-            raise UsageError("give a RUN to replay, or --all")
+            reports = [await replay_run(store, registry, args.run)]
     finally:
         await store.close()
     diverged = [r for r in reports if not r.clean]
     if args.json:
-        emit_json([{"run_id": r.run_id, "clean": r.clean, "finished": r.finished, "stopped_at": r.stopped_at,
-                    "steps": r.steps, "divergence": None if r.divergence is None else {
-                        "key": r.divergence.key, "recorded": r.divergence.recorded, "called": r.divergence.called}}
-                   for r in reports])
+        emit_json([_report_json(r) for r in reports])
     else:
         for report in reports:
             print(f"replay {report.run_id}")
@@ -152,3 +239,9 @@ async def replay_cmd(args: argparse.Namespace) -> int:
         if args.all:
             print(f"{len(reports)} run(s) checked, {len(diverged)} diverged")
     return 1 if diverged else 0
+
+
+def _report_json(r: ReplayReport) -> dict[str, Any]:
+    return {"run_id": r.run_id, "clean": r.clean, "finished": r.finished, "stopped_at": r.stopped_at,
+            "steps": r.steps, "divergence": None if r.divergence is None else {
+                "key": r.divergence.key, "recorded": r.divergence.recorded, "called": r.divergence.called}}

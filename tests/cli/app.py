@@ -10,6 +10,7 @@ from typing import Any
 from runifold import (
     EffectOutcomeUnknown,
     ResumePolicy,
+    RetryPolicy,
     WorkflowContext,
     WorkflowDefinition,
     WorkflowRegistry,
@@ -71,11 +72,24 @@ async def notifying(ctx: WorkflowContext, n: int) -> str:
     return await notify(n)
 
 
+@step(retry=RetryPolicy(max_attempts=1))
+async def fragile(n: int) -> int:
+    if not (_dir() / "fixed").exists():
+        raise ValueError(f"cannot handle {n} yet")
+    return n * 10
+
+
+@workflow("fragile")
+async def fragile_wf(ctx: WorkflowContext, n: int) -> int:
+    return await fragile(n)
+
+
 DEFINITIONS = [
     WorkflowDefinition(steps),
     WorkflowDefinition(gated, signals={"approval": {"alice"}}),
     WorkflowDefinition(slow_wf),
     WorkflowDefinition(notifying),
+    WorkflowDefinition(fragile_wf),
 ]
 registry = WorkflowRegistry(*DEFINITIONS)
 

@@ -2,80 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
-
-import pytest
 
 from runifold import RunStatus, open_store
-from tests.conftest import require_postgres, reset_postgres
-
-ROOT = Path(__file__).resolve().parents[2]
-APP = "tests.cli.app:registry"
-
-
-class Cli:
-    def __init__(self, url: str, tmp: Path) -> None:
-        self.url = url
-        self.tmp = tmp
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "RUNIFOLD_STORE": url, "RUNIFOLD_APP": APP,
-                    "RUNIFOLD_TEST_DIR": str(tmp)}
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "runifold.cli", *args]
-
-    def __call__(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), cwd=ROOT, env={**self.env, **(env or {})}, capture_output=True,
-                              text=True, timeout=120)
-
-    def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        return subprocess.Popen(self.argv(*args), cwd=ROOT, env={**self.env, **(env or {})},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    async def wait_status(self, ref: str, status: RunStatus, timeout: float = 60) -> None:
-        store = await open_store(self.url)
-        try:
-            deadline = time.monotonic() + timeout
-            while (await store.get_run(ref)).status is not status:
-                assert time.monotonic() < deadline, f"{ref} never became {status}"
-                await asyncio.sleep(0.05)
-        finally:
-            await store.close()
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Cli:
-    return Cli(f"sqlite:///{tmp_path / 'cli.db'}", tmp_path)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-async def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Cli]:
-    if request.param == "sqlite":
-        yield Cli(f"sqlite:///{tmp_path / 'cli.db'}", tmp_path)
-        return
-    dsn = require_postgres()
-    await reset_postgres(dsn)
-    yield Cli(dsn, tmp_path)
-
-
-def run_worker_until(cli: Cli, ref: str, status: RunStatus, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Start ``runifold worker``, wait for the run to reach ``status``, SIGTERM it, return its result."""
-    proc = cli.spawn("worker", "--concurrency", "2", "--idle-wait", "0.1", *extra)
-    try:
-        asyncio.run(cli.wait_status(ref, status))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+from tests.cli.conftest import Cli, key_file, run_worker_until
 
 
 def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
@@ -103,7 +35,7 @@ def test_worker_runs_and_inspection_commands(any_cli: Cli) -> None:
     listing = cli("runs", "list")
     assert listing.returncode == 0 and "c1" in listing.stdout and "completed" in listing.stdout
     listed = json.loads(cli("--json", "runs", "list", "--status", "completed").stdout)
-    assert [r["checkpoint_id"] for r in listed] == ["c1"]
+    assert [r["checkpoint_id"] for r in listed["runs"]] == ["c1"] and listed["total"] == 1
     from_env = json.loads(cli("runs", "list", env={"RUNIFOLD_JSON": "1", "RUNIFOLD_STATUS": "completed"}).stdout)
     assert from_env == listed  # every flag has an environment variable
     show = cli("runs", "show", "c1")
@@ -117,12 +49,6 @@ def test_worker_runs_and_inspection_commands(any_cli: Cli) -> None:
     assert replay.returncode == 0 and "clean: code and history agree to the end" in replay.stdout
     missing = cli("runs", "show", "nope")
     assert missing.returncode == 1 and "no run with id" in missing.stderr
-
-
-def key_file(tmp: Path, name: str, entries: list[dict[str, Any]]) -> str:
-    path = tmp / name
-    path.write_text(json.dumps([{**e, "secret": base64.b64encode(e["secret"]).decode()} for e in entries]))
-    return str(path)
 
 
 def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
@@ -140,9 +66,9 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     args = ["signal", "g1", "approval", "--payload", '{"ok": true}', "--signal-id", "s1", "--as", "alice", "--reason", "ship it"]
     rejected = cli(*args, "--key-file", forged, "--keys", alice)
     assert rejected.returncode == 1 and "bad_signature" in rejected.stderr
-    sent = cli(*args, "--key-file", alice)
+    sent = cli(*args, "--key-file", alice, "--keys", alice)
     assert sent.returncode == 0 and "accepted" in sent.stdout
-    duplicate = cli(*args, "--key-file", alice)
+    duplicate = cli(*args, "--key-file", alice, env={"RUNIFOLD_KEYS": alice})
     assert duplicate.returncode == 0 and "duplicate" in duplicate.stdout
     run_worker_until(cli, "g1", RunStatus.COMPLETED)
     audit = cli("audit", "g1")
@@ -156,8 +82,8 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
 
 
 def test_resolve_cancel_and_migrate(cli: Cli) -> None:
-    """resolve settles an ambiguous effect, cancel ends a run once, migrate reports the schema version."""
-    from runifold.stores._migrations import migrations
+    """resolve settles an ambiguous effect, cancel ends a run (again: a no-op), migrate reports the schema version."""
+    from runifold.stores._sql import migrations
 
     assert cli("migrate").stdout.strip() == f"schema at version {migrations('sqlite')[-1][0]}"
     assert cli("enqueue", "notifying", "1", "--input", '{"n": 3}', "--checkpoint-id", "e1").returncode == 0
@@ -173,7 +99,9 @@ def test_resolve_cancel_and_migrate(cli: Cli) -> None:
     assert cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "c9").returncode == 0
     assert cli("cancel", "c9", "--reason", "not needed").returncode == 0
     again = cli("cancel", "c9", "--reason", "again")
-    assert again.returncode == 1 and "cancelled" in again.stderr
+    assert again.returncode == 0 and "c9 was already cancelled" in again.stdout
+    assert [e["event"]["type"] for e in json.loads(cli("history", "c9", "--json").stdout)] == [
+        "run_started", "run_cancelled"]
 
 
 async def test_sigterm_releases_in_flight_runs(any_cli: Cli) -> None:

@@ -1,0 +1,196 @@
+"""Every way the command line is misused ends in one line on stderr and a documented exit code, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runifold import RunStatus, open_store
+from tests.cli.conftest import ROOT, Cli, key_file, run_worker_until
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    """The command exited with ``code`` and said why in exactly one line naming ``fragments``."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def enqueued(cli: Cli, ref: str = "c1") -> None:
+    assert cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", ref).returncode == 0
+
+
+def test_bad_values_are_usage_errors(cli: Cli) -> None:
+    """Non-finite or absurd durations, an empty worker id, a zero page, an unknown flag: exit 2, one line."""
+    one_line_error(cli("worker", "--lease", "nan"), 2, "--lease", "finite")
+    one_line_error(cli("worker", "--lease", "inf"), 2, "--lease", "finite")
+    one_line_error(cli("worker", "--grace", "1e300"), 2, "--grace")
+    one_line_error(cli("worker", "--idle-wait", "-1"), 2, "--idle-wait")
+    one_line_error(cli("worker", "--concurrency", "0"), 2, "--concurrency")
+    one_line_error(cli("worker", "--worker-id", ""), 2, "invalid worker id ''")
+    one_line_error(cli("worker", env={"RUNIFOLD_WORKER_ID": ""}), 2, "invalid worker id ''")
+    one_line_error(cli("runs", "list", "--limit", "0"), 2, "--limit")
+    one_line_error(cli("runs", "list", "--no-such-flag"), 2, "unrecognized arguments: --no-such-flag")
+    one_line_error(cli("frobnicate"), 2, "invalid choice: 'frobnicate'")
+    assert not (cli.tmp / "cli.db").exists()  # nothing was opened, let alone created
+
+
+def test_deeply_nested_json_is_a_usage_error(cli: Cli) -> None:
+    """A 10,000-level nested --input or --payload is refused in one line."""
+    nested = '{"n": ' + "[" * 10_000 + "]" * 10_000 + "}"
+    one_line_error(cli("enqueue", "steps", "1", "--input", nested), 2, "--input is nested too deeply")
+
+
+def test_arguments_that_are_not_utf8_are_usage_errors(cli: Cli) -> None:
+    """An argument or RUNIFOLD_* variable that is not UTF-8 is named, escaped, in one line (exit 2)."""
+    argv: list[str | bytes] = [sys.executable, "-m", "runifold.cli", "enqueue", "steps", "1", "--checkpoint-id", b"\xff"]
+    result = subprocess.run(argv, cwd=ROOT, env=cli.env, capture_output=True, text=True, timeout=60)
+    one_line_error(result, 2, "argument 5 is not valid UTF-8 (\\udcff)")
+    env = {k: v for k, v in cli.env.items() if k != "RUNIFOLD_STORE"}
+    environ: dict[str | bytes, str | bytes] = {**env, b"RUNIFOLD_STORE": b"sqlite:///\xfe.db"}
+    result = subprocess.run([sys.executable, "-m", "runifold.cli", "runs", "list"], cwd=ROOT, env=environ,
+                            capture_output=True, text=True, timeout=60)
+    one_line_error(result, 2, "environment variable RUNIFOLD_STORE is not valid UTF-8")
+
+
+def test_key_file_problems_are_configuration_errors(cli: Cli) -> None:
+    """A missing key file, a malformed one, or no deployment ring for `signal`: exit 2 with what to do, in one line."""
+    enqueued(cli)
+    good = key_file(cli.tmp, "alice.json", [{"key_id": "alice-1", "sender": "alice", "secret": b"a" * 32}])
+    (cli.tmp / "malformed.json").write_text('[{"key_id": "k", "sender": "alice", "secret": "not base64!"}]')
+    args = ["signal", "c1", "approval", "--signal-id", "s1", "--as", "alice", "--reason", "r"]
+    one_line_error(cli(*args, "--key-file", good), 2, "--keys RING", "RUNIFOLD_KEYS")
+    one_line_error(cli(*args, "--key-file", str(cli.tmp / "missing.json"), "--keys", good), 2,
+                   "cannot read key file", "missing.json")
+    one_line_error(cli(*args, "--key-file", good, "--keys", str(cli.tmp / "malformed.json")), 2, "is not base64")
+    one_line_error(cli("keys", "list", "--keys", str(cli.tmp / "missing.json")), 2, "cannot read key file")
+
+
+def test_read_only_commands_never_create_a_store(cli: Cli) -> None:
+    """Listing, showing, auditing or replaying a SQLite file that does not exist is an error naming it; no file appears."""
+    missing = cli.tmp / "typo.db"
+    for args in (["runs", "list"], ["runs", "show", "c1"], ["history", "c1"], ["audit", "c1"], ["replay", "--all"],
+                 ["cancel", "c1", "--reason", "r"], ["retry", "c1", "--reason", "r"], ["wake", "c1"],
+                 ["purge", "--finished-before", "30d"]):
+        one_line_error(cli(*args, "--store", f"sqlite:///{missing}"), 2, f"no SQLite store at {missing}")
+    assert not missing.exists()
+
+
+def test_unknown_runs_are_refusals(cli: Cli) -> None:
+    """An unknown run is exit 1 for every command that names one, audit included."""
+    enqueued(cli)
+    for args in (["runs", "show", "nope"], ["history", "nope"], ["audit", "nope"], ["cancel", "nope", "--reason", "r"],
+                 ["retry", "nope", "--reason", "r"], ["wake", "nope"]):
+        one_line_error(cli(*args), 1, "no run with id or checkpoint id 'nope'")
+
+
+def test_shared_flags_go_anywhere_and_every_command_speaks_json(cli: Cli) -> None:
+    """--json, --store and --app work before or after the command (and from the environment); worker and migrate print JSON."""
+    migrated = cli("migrate", "--json")
+    assert migrated.returncode == 0 and isinstance(json.loads(migrated.stdout)["schema_version"], int)
+    enqueued(cli)
+    before = json.loads(cli("--json", "runs", "list").stdout)
+    after = json.loads(cli("runs", "list", "--json").stdout)
+    nested = json.loads(cli("runs", "--json", "list").stdout)
+    from_env = json.loads(cli("runs", "list", env={"RUNIFOLD_JSON": "1"}).stdout)
+    assert before == after == nested == from_env and before["total"] == 1
+    other = cli.tmp / "other.db"
+    assert cli("migrate", "--store", f"sqlite:///{other}").returncode == 0
+    assert json.loads(cli("runs", "list", "--json", "--store", f"sqlite:///{other}").stdout)["total"] == 0
+    worker = run_worker_until(cli, "c1", RunStatus.COMPLETED, "--json")
+    started, stopped = (json.loads(line) for line in worker.stdout.splitlines())
+    assert started["event"] == "worker_started" and "steps v1" in started["serving"]
+    assert stopped["event"] == "worker_stopped" and stopped["outcomes"]["Completed"] == 1
+    version = cli("--version")
+    assert version.returncode == 0 and version.stdout.startswith("runifold ")
+
+
+def test_the_drill_speaks_json(cli: Cli) -> None:
+    """`runifold drill --json` prints one JSON object per step and a final verdict."""
+    result = cli("drill", "--json")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["step"] for line in lines[:-1]] == ["1", "2", "3", "4", "5", "6"]
+    assert lines[-1] == {**lines[-1], "passed": True, "steps": 6, "steps_passed": 6}
+
+
+def test_logs_are_json_when_asked(cli: Cli) -> None:
+    """--log-format json prints each log record as a JSON object on stderr (here: a world-readable key file)."""
+    alice = key_file(cli.tmp, "alice.json", [{"key_id": "alice-1", "sender": "alice", "secret": b"a" * 32}])
+    Path(alice).chmod(0o644)
+    console = cli("keys", "list", "--keys", alice)
+    assert console.returncode == 0 and "key_file_not_private" in console.stderr and "chmod 600" in console.stderr
+    as_json = cli("keys", "list", "--keys", alice, "--log-format", "json")
+    [record] = [json.loads(line) for line in as_json.stderr.splitlines()]
+    assert record["level"] == "warning" and record["event"] == "key_file_not_private" and record["path"] == alice
+    quiet = cli("keys", "list", "--keys", alice, "--log-level", "error")
+    assert quiet.stderr == ""
+
+
+def test_a_closed_output_pipe_ends_quietly(cli: Cli) -> None:
+    """`runifold history X | head` with the reader gone: exit 141, nothing on stderr."""
+    enqueued(cli)
+    reader, writer = os.pipe()
+    os.close(reader)
+    try:
+        result = subprocess.run(cli.argv("history", "c1"), cwd=ROOT, env=cli.env, stdout=writer,
+                                stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(writer)
+    assert result.returncode == 141 and result.stderr == ""
+
+
+def test_debug_adds_the_traceback(cli: Cli) -> None:
+    """With --debug an error keeps its one-line message and adds the traceback above it."""
+    enqueued(cli)
+    result = cli("runs", "show", "nope", "--debug")
+    assert result.returncode == 1 and "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("runifold: no run with id")
+
+
+async def test_a_second_interrupt_stops_the_worker_at_once(cli: Cli) -> None:
+    """Ctrl-C once waits for in-flight runs (up to --grace); twice cancels them at once and releases their leases."""
+    assert cli("enqueue", "slow", "1", "--input", '{"tag": "t"}', "--checkpoint-id", "s1").returncode == 0
+    proc = cli.spawn("worker", "--grace", "600", "--lease", "600", env={"RUNIFOLD_TEST_SLOW": "600"})
+    try:
+        deadline = time.monotonic() + 60
+        while not list(cli.tmp.glob("started-t-*")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proc.poll() is None  # the first Ctrl-C waits for the run
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "Ctrl-C again to stop at once" in err and "stopping now" in err
+    store = await open_store(cli.url)
+    try:
+        run = await store.get_run("s1")
+        assert run.status is RunStatus.READY and run.lease_owner is None
+    finally:
+        await store.close()
+
+
+def test_an_interrupt_outside_the_worker_exits_130(cli: Cli) -> None:
+    """Ctrl-C while a command waits on something else (here the drill's workers) ends it with exit 130, no traceback."""
+    proc = cli.spawn("drill")
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # the drill has started
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err
