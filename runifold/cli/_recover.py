@@ -131,9 +131,9 @@ async def purge_cmd(args: argparse.Namespace) -> int:
         before = cutoff(args.finished_before, await store.now())
         purged = 0
         while True:
-            batch = await store.purge_finished(before, limit=args.batch)
+            batch = await store.purge_finished(before, limit=args.batch)  # one transaction each
             purged += batch
-            if batch < args.batch:
+            if batch == 0:
                 break
     finally:
         await store.close()

@@ -33,8 +33,9 @@ class Cli:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "runifold.cli", *args]
 
-    def __call__(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), cwd=ROOT, env={**self.env, **(env or {})}, capture_output=True,
+    def __call__(self, *args: str, env: dict[str, str] | None = None,
+                 cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), cwd=cwd, env={**self.env, **(env or {})}, capture_output=True,
                               text=True, timeout=120)
 
     def spawn(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
