@@ -109,15 +109,14 @@ async def _entries(args: argparse.Namespace, run_ref: str) -> tuple[RunInfo, lis
     return info, [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
 
 
-def _failure(entries: list[Entry]) -> RunFailed | StepFailed | EffectFailed | None:
-    """The event that explains a failed run: its ``run_failed``, or the failed call it names if only that kept a traceback."""
+def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | EffectFailed | None]:
+    """A failed run's ``run_failed``, and the last failure of the call it names (the step or effect that ran out)."""
     last = entries[-1].event if entries else None
     if not isinstance(last, RunFailed):
-        return None
-    if last.traceback or not last.key:
-        return last
-    calls = [e.event for e in entries if isinstance(e.event, (StepFailed, EffectFailed)) and e.event.key == last.key]
-    return calls[-1] if calls and calls[-1].traceback else last
+        return None, None
+    calls = [e.event for e in entries if isinstance(e.event, (StepFailed, EffectFailed)) and last.key
+             and e.event.key == last.key]
+    return last, calls[-1] if calls else None
 
 
 def _indented(text: str, indent: str) -> list[str]:
@@ -131,14 +130,14 @@ async def runs_show(args: argparse.Namespace) -> int:
     if args.app:
         definition = registry_of(args).get(info.name, info.version)
         budget = definition.budget if definition else None
-    failed = entries[-1].event if entries and isinstance(entries[-1].event, RunFailed) else None
-    cause = _failure(entries)
+    failed, call = _failure(entries)
     if args.json:
         emit_json({"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
                    "failure": None if failed is None else {
-                       "reason": failed.reason, "key": failed.key,
-                       "error_type": (cause.error_type if cause else "") or failed.error_type,
-                       "traceback": (cause.traceback if cause else "") or failed.traceback}})
+                       "reason": failed.reason, "key": failed.key, "error_type": failed.error_type,
+                       "traceback": failed.traceback, "call": None if call is None else {
+                           "key": call.key, "error": call.error, "error_type": call.error_type,
+                           "attempt": call.attempt, "traceback": call.traceback}}})
         return 0
     out = [f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})",
            f"workflow    {info.name} v{info.version}",
@@ -167,15 +166,18 @@ async def runs_show(args: argparse.Namespace) -> int:
     if checkpoint.failure:
         out.append(f"failure     {printable(checkpoint.failure)}")
     if failed is not None:
-        error_type = (cause.error_type if cause else "") or failed.error_type
         where = f" in {printable(failed.key)}" if failed.key else ""
-        if error_type:
-            out.append(f"error       {printable(error_type)}{where}")
-        trace = (cause.traceback if cause else "") or failed.traceback
-        if trace:
+        out.append(f"error       {printable(failed.error_type or '-')}{where}")
+        if failed.traceback:
             out.append("traceback")
-            out += _indented(trace, "  ")
-        else:
+            out += _indented(failed.traceback, "  ")
+        if call is not None:
+            out.append(f"call        {printable(call.key)} raised {printable(call.error_type or call.error)} "
+                       f"(attempt {call.attempt})")
+            if call.traceback:
+                out.append("call traceback")
+                out += _indented(call.traceback, "  ")
+        if not failed.traceback and (call is None or not call.traceback):
             out.append("traceback   (none recorded)")
     if checkpoint.phase == "completed":
         out.append(f"result      {compact(checkpoint.result, 200)}")
@@ -193,6 +195,9 @@ async def history_cmd(args: argparse.Namespace) -> int:
     rows, traces = [], []
     for e in entries:
         data = {k: v for k, v in msgspec.to_builtins(e.event).items() if k not in ("type", "key", "traceback")}
+        if "error_type" in data:  # a failure: its type first, so the column never cuts it off
+            error_type = data.pop("error_type")
+            data = {"error_type": error_type, **data} if error_type else data
         rows.append([e.seq, when(e.at), msgspec.to_builtins(e.event)["type"], e.event.key or "", compact(data, 90)])
         traces.append(getattr(e.event, "traceback", ""))
     lines = table_lines(["seq", "at", "event", "key", "data"], rows)

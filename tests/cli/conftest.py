@@ -68,11 +68,12 @@ async def any_cli(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     yield Cli(dsn, tmp_path)
 
 
-def run_worker_until(cli: Cli, ref: str, status: RunStatus, *extra: str) -> subprocess.CompletedProcess[str]:
+def run_worker_until(cli: Cli, ref: str, status: RunStatus, *extra: str,
+                     timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Start ``runifold worker``, wait for the run to reach ``status``, SIGTERM it, return its result."""
     proc = cli.spawn("worker", "--concurrency", "2", "--idle-wait", "0.1", *extra)
     try:
-        asyncio.run(cli.wait_status(ref, status))
+        asyncio.run(cli.wait_status(ref, status, timeout))
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
