@@ -46,6 +46,16 @@ async def wait_status(store: Any, ref: str, status: RunStatus) -> None:
         await asyncio.sleep(0.01)
 
 
+async def supervise_until(supervisor: Supervisor, store: Any, ref: str, status: RunStatus) -> None:
+    """Run ``supervisor`` until run ``ref`` reaches ``status`` (at most 10 s), then stop it."""
+    running = asyncio.create_task(supervisor.run(handle_signals=False))
+    try:
+        await asyncio.wait_for(wait_status(store, ref, status), 10)
+    finally:
+        supervisor.stop()
+        await asyncio.wait_for(running, 10)
+
+
 async def test_a_slot_survives_an_exception_that_is_not_a_runifold_error(caplog: pytest.LogCaptureFixture) -> None:
     """A run raising a non-runifold exception is logged with its traceback, counted and released; the slot goes on."""
     store = MemoryWorkflowStore()
@@ -54,13 +64,8 @@ async def test_a_slot_survives_an_exception_that_is_not_a_runifold_error(caplog:
     supervisor = Supervisor(worker(store, WorkflowDefinition(self_referencing), WorkflowDefinition(good)), 1,
                             idle_wait=timedelta(seconds=0.05))
     with caplog.at_level(logging.ERROR, logger="runifold"):
-        running = asyncio.create_task(supervisor.run(handle_signals=False))
-        try:
-            # one slot: the good run completes only if the slot outlived the poison run
-            await asyncio.wait_for(wait_status(store, "fine", RunStatus.COMPLETED), 10)
-        finally:
-            supervisor.stop()
-            await asyncio.wait_for(running, 10)
+        # one slot: the good run completes only if the slot outlived the poison run
+        await supervise_until(supervisor, store, "fine", RunStatus.COMPLETED)
     assert supervisor.outcomes.get("UnexpectedError", 0) >= 1 and supervisor.outcomes.get("Completed") == 1
     record = next(r for r in caplog.records if getattr(r, "event", "") == "slot_unexpected_error")
     assert record.levelno == logging.ERROR and record.run_id == (await store.get_run("poison")).run_id  # type: ignore[attr-defined]
@@ -93,12 +98,7 @@ async def test_a_store_error_is_counted_and_the_slot_claims_again(caplog: pytest
     flaky = _FlakyClaims(store)
     supervisor = Supervisor(worker(flaky, WorkflowDefinition(good)), 1, idle_wait=timedelta(seconds=0.05))
     with caplog.at_level(logging.ERROR, logger="runifold"):
-        running = asyncio.create_task(supervisor.run(handle_signals=False))
-        try:
-            await asyncio.wait_for(wait_status(store, "fine", RunStatus.COMPLETED), 10)
-        finally:
-            supervisor.stop()
-            await asyncio.wait_for(running, 10)
+        await supervise_until(supervisor, store, "fine", RunStatus.COMPLETED)
     assert supervisor.outcomes.get("Error") == 1 and supervisor.outcomes.get("Completed") == 1
     assert [getattr(r, "event", "") for r in caplog.records] == ["slot_error"]
 
