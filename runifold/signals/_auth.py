@@ -167,9 +167,6 @@ class HmacKeyRing:
                 raw = f.read()
         except OSError as exc:
             raise ConfigurationError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
-        if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
-            log.warning("key_file_not_private", path=path, mode=oct(stat.S_IMODE(mode)),
-                        fix=f"chmod 600 {path}: it holds secrets")
         try:
             entries = msgspec.json.decode(raw, type=list[KeyFileEntry])
         except msgspec.DecodeError as exc:
@@ -187,6 +184,9 @@ class HmacKeyRing:
                 raise ConfigurationError(f"key file {path}: {exc}") from exc
             if entry.revoked:
                 ring.revoke(entry.key_id)
+        if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("key_file_not_private", path=path, mode=oct(stat.S_IMODE(mode)),
+                        fix=f"chmod 600 {path}: it holds secrets")
         return ring
 
     def to_file(self, path: str, *, overwrite: bool = True) -> None:

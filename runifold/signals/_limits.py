@@ -75,8 +75,8 @@ class SignalLimits:
         if len(envelope.reason) > self.max_reason:
             raise SignalRejectedError(
                 "too_large", f"reason has {len(envelope.reason):,} characters; the limit is {self.max_reason:,}")
-        if not _valid_unicode(envelope.reason):
-            raise SignalRejectedError("invalid", "reason is not valid Unicode")
+        if not _valid_unicode(envelope.reason) or "\x00" in envelope.reason:
+            raise SignalRejectedError("invalid", "reason is not valid Unicode text (or holds a NUL character)")
         if not isinstance(envelope.signature, str):
             raise SignalRejectedError("invalid", "signature must be a string")
         timestamp = envelope.timestamp
@@ -88,13 +88,14 @@ class SignalLimits:
                 "too_large", f"payload is {size:,} bytes of JSON; the limit is {self.max_payload_bytes:,}")
 
     def clip(self, field: str, value: Any) -> str:
-        """Return ``value`` as the audit keeps it: a string of at most the field's limit."""
+        """Return ``value`` as the audit keeps it: valid text without NUL, of at most the field's limit."""
         limit = {"target": self.max_target, "name": self.max_name, "signal_id": self.max_signal_id,
                  "sender": self.max_sender, "key_id": self.max_key_id, "reason": self.max_reason}.get(
                      field, _KEPT_OF_REFUSED)
         text = value if isinstance(value, str) else repr(value)
         if not _valid_unicode(text):
             text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        text = text.replace("\x00", "\\x00")  # no store keeps a NUL in a text column
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -57,7 +57,8 @@ async def test_a_signal_to_an_unknown_run_is_a_rejected_signal(store: Any) -> No
 
 
 async def test_oversized_unauthenticated_attempts_are_refused_and_kept_bounded(store: Any) -> None:
-    """A 20 MB payload, a 100 KB signal id, a 1 MB reason with no valid key: refused before storing, audited cut to the limits."""
+    """Oversized (a 20 MB payload, a 100 KB id, a 1 MB reason) or unstorable (NUL, invalid Unicode) attempts with no
+    valid key: refused before storing, audited cut to the limits as text every store keeps."""
     run_id = await waiting_run(store)
     before = await unchanged(store, "o1")
     forged = SignalEnvelope(target="o1", name="approval", payload={"blob": "x" * 20_000_000}, signal_id="i" * 100_000,
@@ -69,8 +70,16 @@ async def test_oversized_unauthenticated_attempts_are_refused_and_kept_bounded(s
         with pytest.raises(SignalRejectedError) as caught:
             await gateway(store).send(msgspec.structs.replace(forged, **change))
         assert caught.value.verdict in ("too_large", "invalid")
+    for change in ({"sender": "al\x00ice"}, {"reason": "why\x00not"}, {"signal_id": "s\udcff"}):
+        with pytest.raises(SignalRejectedError) as caught:
+            fields = {"payload": {}, "signal_id": "s2", "sender": "alice", "reason": "r", "key_id": "k", **change}
+            await gateway(store).send(msgspec.structs.replace(forged, **fields))
+        assert caught.value.verdict == "invalid"
     assert await unchanged(store, "o1") == before
     audit = await store.audit("o1")
+    assert [a.sender for a in audit[-3:]] == ["al\\x00ice", "alice", "alice"]
+    assert audit[-2].reason == "why\\x00not" and audit[-1].signal_id == "s\\udcff"
+    audit = audit[:4]
     assert len(audit) == 4 and all(a.run_id == run_id and a.verdict.startswith("rejected:") for a in audit)
     for record in audit:
         assert len(record.signal_id) <= limits.max_signal_id and len(record.sender) <= limits.max_sender
