@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import secrets
 import socket
@@ -138,7 +139,7 @@ def _keepalive(seconds: float) -> Callable[[asyncpg.Connection], Awaitable[None]
 class PostgresWorkflowStore:
     """A :class:`WorkflowStore` on PostgreSQL. Open with ``await PostgresWorkflowStore.open(dsn)``."""
 
-    def __init__(self, dsn: str, pool: asyncpg.Pool, *, retry_seconds: float, poll_seconds: float,
+    def __init__(self, dsn: str, pool: _Pool, *, retry_seconds: float, poll_seconds: float,
                  command_timeout: float, keepalive_seconds: float) -> None:
         self.dsn = dsn
         self._pool = pool
@@ -167,8 +168,8 @@ class PostgresWorkflowStore:
 
         Args:
             dsn: ``postgresql://user:password@host:port/database``.
-            min_size: connections kept open in the pool.
-            max_size: the pool's upper bound.
+            min_size: connections opened at once.
+            max_size: the most connections the store opens (the listener aside).
             retry_seconds: the wall time an operation may take in all, its attempts and
                 their backoff included, before it raises :class:`StoreUnavailableError`.
             poll_seconds: the fallback poll interval of :meth:`wait_for_work`.
@@ -181,13 +182,12 @@ class PostgresWorkflowStore:
             StoreUnavailableError: the server cannot be reached.
             StoreError: its schema is newer than this runifold.
         """
+        pool = _Pool(dsn, max_size, command_timeout, keepalive_seconds)
         try:
-            pool = await asyncio.wait_for(asyncpg.create_pool(
-                dsn, min_size=min_size, max_size=max_size, init=_keepalive(keepalive_seconds), reset=_keep_session,
-                command_timeout=command_timeout, timeout=command_timeout,
-                server_settings={"statement_timeout": str(int(command_timeout * 1000))},
-            ), retry_seconds)
+            for conn in [await asyncio.wait_for(pool.acquire(), retry_seconds) for _ in range(max(1, min_size))]:
+                pool.release(conn)
         except (*_DRIVER_ERRORS, asyncio.TimeoutError) as exc:
+            await pool.close()
             raise StoreUnavailableError(
                 f"cannot connect to PostgreSQL at {_redact(dsn)}: {exc!r}; check that the server runs "
                 "and the URL, user and password are right"
@@ -243,7 +243,7 @@ class PostgresWorkflowStore:
                 if conn is not None:
                     if lost:
                         conn.terminate()  # a statement may still run on it: never hand it out again
-                    await self._pool.release(conn)
+                    self._pool.release(conn)
                 if not isinstance(exc, _DRIVER_ERRORS):
                     raise
                 if not lost:
@@ -255,7 +255,7 @@ class PostgresWorkflowStore:
                     ) from exc
                 log.warning("postgres_retry", error=repr(exc), delay=delay)
             else:
-                await self._pool.release(conn)
+                self._pool.release(conn)
                 return value
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
@@ -508,14 +508,88 @@ class PostgresWorkflowStore:
                 await asyncio.gather(pending, return_exceptions=True)
         if self._listener is not None and not self._listener.is_closed():
             self._listener.terminate()
+        await self._pool.close()
+
+
+class _Pool:
+    """The store's connections: an idle one is reused, at most ``size`` are open, waiters are served in turn.
+
+    Plain asyncpg connections, not asyncpg's pool: its proxy and its release
+    cost about 30 µs of CPU per statement, a tenth of a durable step. The
+    connections never change session state, so a released one needs no reset.
+    """
+
+    def __init__(self, dsn: str, size: int, command_timeout: float, keepalive_seconds: float) -> None:
+        self._dsn = dsn
+        self._size = size
+        self._command_timeout = command_timeout
+        self._keepalive = _keepalive(keepalive_seconds)
+        self._idle: list[asyncpg.Connection] = []
+        self._open: set[asyncpg.Connection] = set()
+        self._opening = 0
+        # a waiter gets a connection, or None: it may open one itself
+        self._waiters: collections.deque[asyncio.Future[asyncpg.Connection | None]] = collections.deque()
+
+    async def acquire(self) -> asyncpg.Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.is_closed():
+                return conn
+            self._open.discard(conn)
+        if len(self._open) + self._opening >= self._size:
+            waiter: asyncio.Future[asyncpg.Connection | None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                handed = await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._hand(waiter.result())  # handed over as we were cancelled: pass it on
+                raise
+            if handed is not None:
+                return handed
+        self._opening += 1
         try:
-            await asyncio.wait_for(self._pool.close(), self._command_timeout)
-        except (TimeoutError, *_DRIVER_ERRORS):
-            self._pool.terminate()
+            conn = await asyncpg.connect(
+                self._dsn, timeout=self._command_timeout,
+                server_settings={"statement_timeout": str(int(self._command_timeout * 1000))})
+            await self._keepalive(conn)
+        except BaseException:
+            self._opening -= 1
+            self._hand(None)
+            raise
+        self._opening -= 1
+        self._open.add(conn)
+        return conn
 
+    def release(self, conn: asyncpg.Connection) -> None:
+        if conn.is_closed():
+            self._open.discard(conn)
+            self._hand(None)
+        else:
+            self._hand(conn)
 
-async def _keep_session(conn: asyncpg.Connection) -> None:
-    """Pool reset hook: skip the reset round trip on every release (pooled connections never change session state)."""
+    def _hand(self, conn: asyncpg.Connection | None) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        if conn is not None:
+            self._idle.append(conn)
+
+    def get_size(self) -> int:
+        return len(self._open)
+
+    def get_idle_size(self) -> int:
+        return len(self._idle)
+
+    async def close(self) -> None:
+        closing, self._open, self._idle = self._open, set(), []
+        for conn in closing:
+            try:
+                await asyncio.wait_for(conn.close(), self._command_timeout)
+            except (*_DRIVER_ERRORS, asyncio.TimeoutError):
+                conn.terminate()
 
 
 def _logged(task: asyncio.Future[None]) -> None:
