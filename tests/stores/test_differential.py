@@ -26,6 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from runifold.history import RunCancelled
 from runifold.stores import (
+    CommitResult,
     Continue,
     EventRow,
     Finish,
@@ -135,6 +136,8 @@ class DifferentialMachine(RuleBasedStateMachine):
             return (self.logical(kind, value.run_id), value.checkpoint_id, value.name, value.status, value.revision,
                     value.due_at is None, value.lease_owner, value.lease_token, value.lease_until is None,
                     value.reason, value.recoveries)
+        if isinstance(value, CommitResult):
+            return ("commit", value.revision)
         if isinstance(value, (list, tuple)):
             return [self.logical(kind, v) for v in value]
         if isinstance(value, frozenset):
