@@ -146,12 +146,10 @@ async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[f
             await store.enqueue(WorkflowTask("five", 1, {"n": i}))
         supervisor = Supervisor(make_worker(store), slots, idle_wait=timedelta(seconds=0.05))
         transactions = getattr(store, "transactions", 0)
-        batches, batched = getattr(store, "batches", 0), getattr(store, "batched_commits", 0)
-        claim_batches = getattr(store, "claim_batches", 0)
         before = await measure(kind)
         started, busy, cpu = time.perf_counter(), machine_busy(), time.process_time()
         task = asyncio.create_task(supervisor.run(handle_signals=False))
-        await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Completed", 0) >= runs))
+        await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Completed", 0) >= runs), every=0.002)
         elapsed, busy, cpu = time.perf_counter() - started, machine_busy() - busy, time.process_time() - cpu
         supervisor.stop()
         await task
@@ -163,8 +161,6 @@ async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[f
     if kind == "sqlite":
         detail += f"; {(runs * 6) / max(1, store.transactions - transactions):.1f} commits per fsync (grouped)"
     else:
-        detail += (f"; {(store.batched_commits - batched) / max(1, store.batches - batches):.1f} commits and "
-                   f"{runs / max(1, store.claim_batches - claim_batches):.1f} claims per round trip")
         detail += "; " + _machine_bound(runs * 5, elapsed, busy, cpu, limits)
     return steps / limits.many, (f"concurrent: {runs} runs x 5 steps, 1 process, {slots} at once",
                                  f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail)
@@ -483,11 +479,11 @@ async def _claim_plan(kind: str, url: str) -> tuple[int, str]:
             "AND +name IN (SELECT value FROM json_each('[\"seq\"]')) ORDER BY due_at LIMIT 1").fetchall()
         conn.close()
         return 0, "; ".join(r[-1] for r in rows if "runs" in r[-1])
-    from runifold.stores.postgres import _CLAIMS  # the store's own claim statement
+    from runifold.stores.postgres import Q  # the store's own claim statement
 
     conn = await asyncpg.connect(url)
     plan = msgspec.json.decode(await conn.fetchval(
-        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_CLAIMS[1]}", "probe", ["waiter", "sleeper", "seq"], [], 30.0))
+        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {Q['claim']}", "probe", ["waiter", "sleeper", "seq"], [], 30.0, "probe"))
     await conn.close()
     top = plan[0]["Plan"]
 

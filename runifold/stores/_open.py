@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
 
 from runifold.errors import ConfigurationError
 
@@ -10,18 +11,27 @@ if TYPE_CHECKING:
     from runifold.stores._protocol import WorkflowStore
 
 
-async def open_store(url: str) -> WorkflowStore:
+async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
     """Open the store a URL names.
 
     ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or a plain path ending
     in ``.db`` open the embedded SQLite store; ``postgresql://...`` (or
     ``postgres://``) opens PostgreSQL; ``memory:`` an in-memory store.
+
+    ``readonly=True``, or ``?mode=ro`` on a SQLite URL, opens a SQLite database
+    for commands that only read: it must exist, is never created or migrated,
+    and may sit on a read-only file system. Other stores ignore it.
     """
     if url.startswith("sqlite://"):
         from runifold.stores.sqlite import SqliteWorkflowStore
 
-        path = url.removeprefix("sqlite://")
-        return await SqliteWorkflowStore.open(path[1:] if path.startswith("/") else path)
+        path, _, query = url.removeprefix("sqlite://").partition("?")
+        options = parse_qs(query)
+        unknown = set(options) - {"mode"}
+        if unknown or options.get("mode", ["rw"])[-1] not in ("ro", "rw", "rwc"):
+            raise ConfigurationError(f"unrecognised SQLite URL options {query!r}; the one option is ?mode=ro")
+        readonly = readonly or options.get("mode", [""])[-1] == "ro"
+        return await SqliteWorkflowStore.open(path[1:] if path.startswith("/") else path, readonly=readonly)
     if url.startswith(("postgresql://", "postgres://")):
         from runifold.stores.postgres import PostgresWorkflowStore
 
@@ -33,7 +43,7 @@ async def open_store(url: str) -> WorkflowStore:
     if url.endswith((".db", ".sqlite", ".sqlite3")):
         from runifold.stores.sqlite import SqliteWorkflowStore
 
-        return await SqliteWorkflowStore.open(url)
+        return await SqliteWorkflowStore.open(url, readonly=readonly)
     raise ConfigurationError(
         f"unrecognised store URL {url!r}; use sqlite:///path.db, postgresql://user@host/db or memory:"
     )

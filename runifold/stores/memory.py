@@ -352,7 +352,7 @@ class MemoryWorkflowStore:
         self._audit.append(clean_audit(record))
         cap = max_per_run if record.run_id is not None else 10 * max_per_run
         mine = [a for a in self._audit if a.run_id == record.run_id and a.verdict.startswith("rejected")]
-        drop = {id(a) for a in mine[:-cap]} if len(mine) > cap else set()
+        drop = {id(a) for a in mine[:len(mine) - cap]} if len(mine) > cap else set()
         if drop:
             self._audit = [a for a in self._audit if id(a) not in drop]
 

@@ -8,9 +8,9 @@ also hold for stores judged on a database clock.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
 
-import msgspec
 import pytest
 
 from runifold.errors import (
@@ -52,7 +52,7 @@ def delivery(ref: str, run_id: str, signal_id: str, name: str = "approval", payl
     """A signal delivery as the gateway hands it to a store (``run_id``: the run ``ref`` resolved to)."""
     payload = {"ok": True} if payload is None else payload
     return SignalDelivery(ref, run_id, signal_id, name, payload, "alice", "k1", "because",
-                          "sha256:" + msgspec.json.encode(payload, order="sorted").hex(), max_unconsumed)
+                          "sha256:" + hashlib.sha256(repr(payload).encode("utf-8", "backslashreplace")).hexdigest(), max_unconsumed)
 
 
 async def deliver(store: Any, ref: str, signal_id: str, name: str = "approval", payload: Any = None,
@@ -329,3 +329,197 @@ class StoreConformance:
         assert await store.audit("c1") == []
         assert [r.checkpoint_id for r in await store.list_runs()] == ["keep"]
         await store.enqueue(WorkflowTask("wf", 1, {"x": 2}, checkpoint_id="c1"))  # the id is free again
+
+    # -- run references -------------------------------------------------------------
+
+    async def test_a_checkpoint_id_never_takes_a_run_ids_place(self, store: Any) -> None:
+        """A checkpoint id may not start with run_, so a run id always names its own run (the old data-loss case)."""
+        old = await store.enqueue(WorkflowTask("wf", 1, {"n": 1}))
+        with pytest.raises(InvalidInputError, match="run_"):
+            WorkflowTask("wf", 1, {"n": 2}, checkpoint_id=old.run_id)
+        new = await store.enqueue(WorkflowTask("wf", 1, {"n": 2}, checkpoint_id="new"))
+        for ref in (old.run_id, "new"):
+            await store.intervene(ref, {RunStatus.READY}, [EventRow.of(RunCancelled(by="ops", reason="t"))],
+                                  RunStatus.CANCELLED)
+        await store.purge(old.run_id)
+        with pytest.raises(RunNotFoundError):
+            await store.get_run(old.run_id)
+        assert (await store.get_run("new")).run_id == new.run_id
+        assert [e.type for e in await store.history(new.run_id)] == ["run_started", "run_cancelled"]
+        with pytest.raises(RunNotFoundError):  # a reference in the run-id namespace is never a checkpoint id
+            await store.get_run("run_" + new.run_id[4:][::-1])
+
+    async def test_a_delivery_goes_to_the_run_id_it_names(self, store: Any) -> None:
+        """The store delivers to delivery.run_id, the run the gateway resolved, and does not look run_ref up again."""
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="a"))
+        b = await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="b"))
+        receipt = await store.deliver_signal(delivery("a", b.run_id, "s1"))
+        assert receipt.run_id == b.run_id
+        claims = [await store.claim("w", {"wf"}, LEASE) for _ in range(2)]
+        inboxes = {c.checkpoint_id: [s.signal_id for s in c.inbox] for c in claims if c is not None}
+        assert inboxes == {"a": [], "b": ["s1"]}
+        [record] = await store.audit("b")
+        assert record.run_id == b.run_id and record.run_ref == "a"
+        with pytest.raises(RunNotFoundError):
+            await store.deliver_signal(delivery("b", "run_000000000000000000000000", "s2"))
+
+    # -- values -----------------------------------------------------------------------
+
+    async def test_nul_and_any_valid_unicode_are_kept_the_same_everywhere(self, store: Any) -> None:
+        """NUL, line separators and astral characters in inputs, step outputs and payloads come back unchanged."""
+        text = "nul \x00 sep \u2028 emoji \U0001f600 quote \" back \\"
+        await store.enqueue(WorkflowTask("wf", 1, {"text": text}, checkpoint_id="c1"))
+        claim = await store.claim("w1", {"wf"}, LEASE)
+        assert claim is not None
+        await deliver(store, "c1", "s1", payload={"text": text})
+        await store.commit(claim.lease, 1, [step_row("a#1", {"text": text})], Suspend(RunStatus.WAITING, None, ("approval",)))
+        history = await store.history("c1")
+        assert decode_event(history[0].body).input == {"text": text}  # type: ignore[union-attr]
+        assert decode_event(history[1].body).output == {"text": text}  # type: ignore[union-attr]
+        again = await store.claim("w1", {"wf"}, LEASE)
+        assert again is not None and [s.payload for s in again.inbox] == [{"text": text}]
+
+    async def test_text_no_store_can_keep_is_refused_at_the_call(self, store: Any) -> None:
+        """Invalid Unicode anywhere, and NUL in an identifier, are refused before any store sees them."""
+        with pytest.raises(InvalidInputError):
+            WorkflowTask("wf", 1, {"x": "lone \ud800"})
+        with pytest.raises(InvalidInputError):
+            WorkflowTask("wf", 1, {}, checkpoint_id="nul\x00id")
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        with pytest.raises(SerializationError):
+            await deliver(store, "c1", "s1", payload={"x": "lone \udc80"})
+        with pytest.raises(SerializationError):
+            await deliver(store, "c1", "nul\x00id")
+        lease = (await store.claim("w1", {"wf"}, LEASE)).lease
+        # a reason is display text: kept with NUL and lone surrogates replaced, never a failed commit
+        await store.commit(lease, 1, [], Finish(RunStatus.FAILED, "boom \x00 \udcff"))
+        assert (await store.get_run("c1")).reason == "boom \ufffd \ufffd"
+
+    # -- retries --------------------------------------------------------------------------
+
+    async def test_a_retried_commit_recognises_its_own_write(self, store: Any) -> None:
+        """The same commit sent again (its answer lost) succeeds with the same revision and writes nothing more."""
+        lease = await self._claimed(store)
+        first = await store.commit(lease, 1, [step_row("a#1", 1)], Continue())
+        again = await store.commit(lease, 1, [step_row("a#1", 1)], Continue())
+        assert first.revision == again.revision == 2
+        with pytest.raises(LeaseLostError):  # another commit from that revision is not a retry
+            await store.commit(lease, 1, [step_row("a#1", 2)], Continue())
+        done = await store.commit(lease, 2, [], Suspend(RunStatus.WAITING, None, ("approval",), "waits"))
+        assert (await store.commit(lease, 2, [], Suspend(RunStatus.WAITING, None, ("approval",), "waits"))).revision \
+            == done.revision == 2
+        with pytest.raises(LeaseLostError):
+            await store.commit(lease, 2, [], Finish(RunStatus.COMPLETED))
+        assert [e.key for e in await store.history("c1")] == ["", "a#1"]
+
+    async def test_enqueue_many_is_one_transaction(self, store: Any) -> None:
+        """enqueue_many answers each task in order; a conflict anywhere enqueues nothing."""
+        await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id="have"))
+        results = await store.enqueue_many([
+            WorkflowTask("wf", 1, {"x": 1}, checkpoint_id="have"), WorkflowTask("wf", 1, {}, checkpoint_id="n1"),
+            WorkflowTask("wf", 1, {}), WorkflowTask("wf", 1, {}, checkpoint_id="n1")])
+        assert [r.created for r in results] == [False, True, True, False]
+        assert results[1].run_id == results[3].run_id and len({r.run_id for r in results}) == 3
+        with pytest.raises(EnqueueConflictError):
+            await store.enqueue_many([WorkflowTask("wf", 1, {}, checkpoint_id="n2"),
+                                      WorkflowTask("wf", 1, {"x": 2}, checkpoint_id="have")])
+        with pytest.raises(RunNotFoundError):
+            await store.get_run("n2")
+        assert await store.count_runs() == 3
+        assert await store.enqueue_many([]) == []
+
+    # -- claims ---------------------------------------------------------------------------
+
+    async def test_recoveries_count_takeovers_of_expired_leases(self, store: Any) -> None:
+        """A claim of a run whose lease expired counts a recovery; a claim of a released run does not."""
+        lease = await self._claimed(store, lease=0.2)
+        await asyncio.sleep(0.35)
+        taken = await store.claim("w2", {"wf"}, LEASE)
+        assert taken is not None and taken.recoveries == 1 and (await store.get_run("c1")).recoveries == 1
+        await store.release(taken.lease)
+        again = await store.claim("w3", {"wf"}, LEASE)
+        assert again is not None and again.recoveries == 1 and lease.token < again.lease.token
+
+    async def test_a_diverged_run_is_claimed_again_at_its_time(self, store: Any) -> None:
+        """Suspend(DIVERGED, wake_at) makes the run diverged and due at wake_at, not before."""
+        lease = await self._claimed(store)
+        await store.commit(lease, 1, [], Suspend(RunStatus.DIVERGED, await store.now() + 0.3, reason="code changed"))
+        info = await store.get_run("c1")
+        assert info.status is RunStatus.DIVERGED and info.due_at is not None and info.reason == "code changed"
+        assert await store.claim("w1", {"wf"}, LEASE) is None
+        await asyncio.sleep(0.4)
+        assert await store.claim("w1", {"wf"}, LEASE) is not None
+
+    # -- signals --------------------------------------------------------------------------
+
+    async def test_a_full_inbox_refuses_new_signals(self, store: Any) -> None:
+        """A run holding max_unconsumed unconsumed signals refuses another (audited); a duplicate still answers."""
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        for i in range(2):
+            await deliver(store, "c1", f"s{i}", max_unconsumed=2)
+        with pytest.raises(SignalRejectedError) as err:
+            await deliver(store, "c1", "s2", max_unconsumed=2)
+        assert err.value.verdict == "inbox_full"
+        assert (await deliver(store, "c1", "s1", max_unconsumed=2)).duplicate
+        assert [a.verdict for a in await store.audit("c1")] == ["accepted", "accepted", "rejected:inbox_full",
+                                                                  "duplicate"]
+
+    async def test_rejected_attempts_are_capped_per_run(self, store: Any) -> None:
+        """record_rejected keeps the newest max_per_run rejected attempts of a run, and of unknown runs ten times that."""
+        run = await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        await deliver(store, "c1", "ok")
+        for i in range(5):
+            await store.record_rejected(AuditRecord(run.run_id, "c1", f"bad{i}", "approval", "mallory", "k", "rejected:bad",
+                                                    "h", "", "", 0.0), max_per_run=3)
+            await store.record_rejected(AuditRecord(None, "nope", f"bad{i}", "x\x00", "m", "k", "rejected:unknown_run",
+                                                    "h", "", "", 0.0), max_per_run=0)
+        assert [a.signal_id for a in await store.audit("c1")] == ["ok", "bad2", "bad3", "bad4"]
+        assert await store.audit("nope") == []
+
+    # -- operators --------------------------------------------------------------------------
+
+    async def test_wake_makes_a_waiting_run_due_now(self, store: Any) -> None:
+        """wake makes a ready, waiting or diverged run due now without an event, and explains why it cannot for others."""
+        lease = await self._claimed(store)
+        with pytest.raises(InvalidStateError, match="running"):
+            await store.wake("c1")
+        await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, await store.now() + 3600))
+        assert await store.claim("w1", {"wf"}, LEASE) is None
+        info = await store.wake("c1")
+        assert info.status is RunStatus.WAITING and info.revision == 1
+        again = await store.claim("w1", {"wf"}, LEASE)
+        assert again is not None
+        await store.commit(again.lease, 1, [], Suspend(RunStatus.PARKED, reason="ambiguous"))
+        with pytest.raises(InvalidStateError, match="resolve"):
+            await store.wake("c1")
+        await store.intervene("c1", {RunStatus.PARKED}, [EventRow.of(RunCancelled(by="o", reason="r"))],
+                              RunStatus.CANCELLED)
+        with pytest.raises(InvalidStateError, match="retry"):
+            await store.wake("c1")
+        with pytest.raises(RunNotFoundError):
+            await store.wake("nope")
+
+    async def test_list_runs_pages_and_counts(self, store: Any) -> None:
+        """list_runs pages newest first with an after cursor; count_runs counts with the same filters."""
+        ids = [(await store.enqueue(WorkflowTask("wf", 1, {"i": i}))).run_id for i in range(5)]
+        await store.enqueue(WorkflowTask("other", 1, {}))
+        first = await store.list_runs(name="wf", limit=2)
+        second = await store.list_runs(name="wf", limit=2, after=first[-1].run_id)
+        rest = await store.list_runs(name="wf", limit=2, after=second[-1].run_id)
+        paged = [r.run_id for r in first + second + rest]
+        assert paged == sorted(ids, reverse=True)
+        assert await store.count_runs(name="wf") == 5 and await store.count_runs() == 6
+        assert await store.count_runs(status=RunStatus.COMPLETED) == 0
+
+    async def test_purge_finished_deletes_old_finished_runs_in_batches(self, store: Any) -> None:
+        """purge_finished deletes at most limit finished runs updated before the cutoff, and nothing unfinished."""
+        for i in range(3):
+            lease = await self._claimed(store, f"f{i}")
+            await store.commit(lease, 1, [], Finish(RunStatus.COMPLETED))
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="open"))
+        cutoff = await store.now() + 1
+        assert await store.purge_finished(cutoff, limit=2) == 2
+        assert await store.purge_finished(cutoff, limit=2) == 1
+        assert await store.purge_finished(cutoff) == 0
+        assert [r.checkpoint_id for r in await store.list_runs()] == ["open"]
+        assert await store.purge_finished(0.0) == 0

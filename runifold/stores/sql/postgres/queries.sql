@@ -20,6 +20,8 @@ SELECT runifold_now()
 SELECT run_id, created FROM runifold_enqueue($1, $2, $3, $4, $5, $6, $7, $8)
 
 -- name: claim
+-- leases up to $6 runs (the claims of one process that met in flight) and returns each one's
+-- history and inbox (read as they were: the UPDATE touches neither)
 -- invariant: "now" is computed once, so it bounds the due_at index scan (runifold_now() is
 -- volatile: as a plain filter the scan would walk every future timer)
 WITH n AS (
@@ -32,7 +34,7 @@ WITH n AS (
     WHERE NOT EXISTS (SELECT 1 FROM again)
       AND due_at IS NOT NULL AND due_at <= (SELECT now FROM n)
       AND name = ANY ($2::text[]) AND NOT (run_id = ANY ($3::text[]))
-    ORDER BY due_at LIMIT 1 FOR UPDATE SKIP LOCKED
+    ORDER BY due_at LIMIT $6 FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,
         lease_until = n.now + $4, due_at = n.now + $4, updated_at = n.now, claim_nonce = $5,
@@ -72,19 +74,12 @@ WHERE run_id = $1 AND status = 'running' AND lease_token = $2 AND lease_until > 
 RETURNING lease_until
 
 -- name: commit
-SELECT ok, new_revision, at, detail FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+SELECT item, ok, new_revision, at, detail FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
 
 -- name: release
 WITH r AS (
     UPDATE runifold_runs SET status = 'ready', due_at = runifold_now(), lease_owner = NULL, lease_until = NULL
     WHERE run_id = $1 AND status = 'running' AND lease_token = $2 RETURNING 1
-) SELECT pg_notify('runifold_work', '') FROM r
-
--- name: release_claimed
--- a claim whose caller was cancelled while it was in flight: hand its run back
-WITH r AS (
-    UPDATE runifold_runs SET status = 'ready', due_at = runifold_now(), lease_owner = NULL, lease_until = NULL
-    WHERE claim_nonce = $1 AND status = 'running' AND lease_owner = $2 RETURNING 1
 ) SELECT pg_notify('runifold_work', '') FROM r
 
 -- name: intervene

@@ -31,7 +31,10 @@ CREATE TABLE runifold_runs (
 CREATE INDEX runifold_runs_due ON runifold_runs (due_at) WHERE due_at IS NOT NULL;
 CREATE INDEX runifold_runs_listing ON runifold_runs (name, version, status);
 CREATE INDEX runifold_runs_claims ON runifold_runs (claim_nonce) WHERE status = 'running';
-CREATE INDEX runifold_runs_finished ON runifold_runs (updated_at) WHERE status IN ('completed', 'failed', 'cancelled');
+-- finished runs, oldest first, for purge_finished. invariant: no index of this table covers
+-- revision or updated_at, which every step commit changes, so a step updates its run's row
+-- in place (a HOT update) without touching an index
+CREATE INDEX runifold_runs_finished ON runifold_runs (run_id) WHERE status IN ('completed', 'failed', 'cancelled');
 -- A claim walks the due_at index from its oldest entry, and every claim, lease
 -- renewal and final commit leaves a dead entry in it until VACUUM removes it.
 -- With the defaults, autovacuum waits for dead rows worth 20 % of the table
@@ -154,70 +157,105 @@ BEGIN
 END
 $$;
 
--- The commit rule (runifold/stores/_rule.py): fence, or recognise a retry of
--- itself; append; consume; transition; a signal that beat the wait makes the
--- run due now; wake idle workers when a due time was set.
+-- The commit rule (runifold/stores/_rule.py), for any number of commits in one
+-- transaction (a process sends the commits of its runs that meet in flight
+-- together: one round trip, one WAL flush). Each is judged on its own: fenced,
+-- or recognised as a retry of itself; then it appends, consumes, transitions;
+-- a signal that beat the wait makes the run due now; idle workers are woken
+-- when a due time was set.
+--
+-- One element per commit i:
+--   p_run, p_token, p_expected   the fence: run id, lease token, expected revision
+--   p_first, p_count             its events: p_types/p_keys/p_bodies[p_first .. p_first + p_count - 1]
+--   p_status                     NULL: append only; otherwise the new status, with
+--   p_due, p_reason, p_waits     its due time, reason and waited signal names (a JSON array)
+--   p_consumed                   a JSON array of the signal ids it consumed, or NULL
+-- One row per commit, item = i - 1; detail says why a refused one was refused.
 CREATE FUNCTION runifold_commit(
-    p_run text, p_token bigint, p_expected bigint, p_types text[], p_keys text[], p_bodies text[],
-    p_status text, p_due double precision, p_waits text[], p_reason text, p_consumed text[]
-) RETURNS TABLE (ok boolean, new_revision bigint, at double precision, detail text)
+    p_run text[], p_token bigint[], p_expected bigint[], p_first integer[], p_count integer[],
+    p_status text[], p_due double precision[], p_reason text[], p_waits text[], p_consumed text[],
+    p_types text[], p_keys text[], p_bodies text[]
+) RETURNS TABLE (item integer, ok boolean, new_revision bigint, at double precision, detail text)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     v_now double precision := runifold_now();
-    v_n bigint := coalesce(cardinality(p_types), 0);
+    v_n integer := cardinality(p_run);
+    v_ok boolean[] := array_fill(false, ARRAY[v_n]);
+    v_revision bigint[] := array_fill(0::bigint, ARRAY[v_n]);
+    v_at double precision[] := array_fill(v_now, ARRAY[v_n]);
+    v_detail text[] := array_fill(''::text, ARRAY[v_n]);
     v_run runifold_runs%ROWTYPE;
+    v_waits text[];
+    v_notify boolean := false;
+    i integer;
 BEGIN
-    -- the fence: the UPDATE takes the run's row lock, so the checks below see every
-    -- delivery committed before it, and later deliveries wait for this transaction
-    IF p_status IS NULL THEN
-        UPDATE runifold_runs SET revision = p_expected + v_n, updated_at = v_now
-        WHERE run_id = p_run AND status = 'running' AND lease_token = p_token AND lease_until > v_now
-          AND revision = p_expected;
-    ELSE
-        UPDATE runifold_runs SET revision = p_expected + v_n, updated_at = v_now, status = p_status, due_at = p_due,
-            wait_signals = p_waits, reason = p_reason, lease_owner = NULL, lease_until = NULL
-        WHERE run_id = p_run AND status = 'running' AND lease_token = p_token AND lease_until > v_now
-          AND revision = p_expected;
-    END IF;
-    IF NOT FOUND THEN
-        SELECT * INTO v_run FROM runifold_runs WHERE run_id = p_run;
-        IF FOUND AND v_run.lease_token = p_token AND v_run.revision = p_expected + v_n AND (
-            (v_n > 0 AND NOT EXISTS (
-                SELECT 1 FROM unnest(p_types, p_keys, p_bodies) WITH ORDINALITY AS x(type, key, body, ord)
-                LEFT JOIN runifold_events e ON e.run_id = p_run AND e.seq = p_expected + x.ord
-                WHERE e.body IS DISTINCT FROM x.body OR e.type IS DISTINCT FROM x.type OR e.key IS DISTINCT FROM x.key))
-            OR (v_n = 0 AND p_status IS NOT NULL AND v_run.status = p_status AND v_run.lease_until IS NULL
-                AND v_run.wait_signals = p_waits AND v_run.reason = p_reason)
-        ) THEN
-            -- a retry of this very commit, whose first attempt was written and its answer lost
-            RETURN QUERY SELECT true, v_run.revision, v_run.updated_at, ''::text;
-            RETURN;
+    -- invariant: run rows are locked in run_id order, so concurrent batches never deadlock
+    FOR i IN SELECT s FROM generate_subscripts(p_run, 1) AS s ORDER BY p_run[s] LOOP
+        -- the fence: the UPDATE takes the run's row lock, so the checks below see every
+        -- delivery committed before it, and later deliveries wait for this transaction
+        IF p_status[i] IS NULL THEN
+            UPDATE runifold_runs SET revision = p_expected[i] + p_count[i], updated_at = v_now
+            WHERE run_id = p_run[i] AND status = 'running' AND lease_token = p_token[i] AND lease_until > v_now
+              AND revision = p_expected[i];
+        ELSE
+            v_waits := ARRAY(SELECT jsonb_array_elements_text(p_waits[i]::jsonb));
+            UPDATE runifold_runs SET revision = p_expected[i] + p_count[i], updated_at = v_now, status = p_status[i],
+                due_at = p_due[i], wait_signals = v_waits, reason = p_reason[i], lease_owner = NULL, lease_until = NULL
+            WHERE run_id = p_run[i] AND status = 'running' AND lease_token = p_token[i] AND lease_until > v_now
+              AND revision = p_expected[i];
         END IF;
-        RETURN QUERY SELECT false, coalesce(v_run.revision, 0::bigint), v_now, CASE
-            WHEN v_run.run_id IS NULL THEN 'the run no longer exists'
-            WHEN v_run.status <> 'running' OR v_run.lease_token <> p_token THEN 'fenced off by a newer lease'
-            WHEN v_run.lease_until <= v_now THEN 'the lease expired'
-            ELSE format('revision %s is not the expected %s', v_run.revision, p_expected) END;
-        RETURN;
-    END IF;
+        IF NOT FOUND THEN
+            SELECT * INTO v_run FROM runifold_runs WHERE run_id = p_run[i];
+            v_revision[i] := coalesce(v_run.revision, 0);
+            IF FOUND AND v_run.lease_token = p_token[i] AND v_run.revision = p_expected[i] + p_count[i] AND (
+                (p_count[i] > 0 AND NOT EXISTS (
+                    SELECT 1 FROM generate_series(p_first[i], p_first[i] + p_count[i] - 1) AS x(n)
+                    LEFT JOIN runifold_events e ON e.run_id = p_run[i] AND e.seq = p_expected[i] + x.n - p_first[i] + 1
+                    WHERE e.body IS DISTINCT FROM p_bodies[x.n] OR e.type IS DISTINCT FROM p_types[x.n]
+                       OR e.key IS DISTINCT FROM p_keys[x.n]))
+                OR (p_count[i] = 0 AND p_status[i] IS NOT NULL AND v_run.status = p_status[i]
+                    AND v_run.lease_until IS NULL AND v_run.wait_signals = v_waits AND v_run.reason = p_reason[i]))
+            THEN
+                -- a retry of this very commit, whose first attempt was written and its answer lost
+                v_ok[i] := NULL;  -- answered ok, writes nothing
+                v_at[i] := v_run.updated_at;
+            ELSE
+                v_detail[i] := CASE
+                    WHEN v_run.run_id IS NULL THEN 'the run no longer exists'
+                    WHEN v_run.status <> 'running' OR v_run.lease_token <> p_token[i] THEN 'fenced off by a newer lease'
+                    WHEN v_run.lease_until <= v_now THEN 'the lease expired'
+                    ELSE format('revision %s is not the expected %s', v_run.revision, p_expected[i]) END;
+            END IF;
+            CONTINUE;
+        END IF;
+        v_ok[i] := true;
+        v_revision[i] := p_expected[i] + p_count[i];
+        IF p_consumed[i] IS NOT NULL THEN
+            UPDATE runifold_signals SET consumed = true
+            WHERE run_id = p_run[i] AND signal_id IN (SELECT jsonb_array_elements_text(p_consumed[i]::jsonb));
+        END IF;
+        IF p_status[i] = 'waiting' AND EXISTS (
+            SELECT 1 FROM runifold_signals s WHERE s.run_id = p_run[i] AND NOT s.consumed AND s.name = ANY (v_waits)
+        ) THEN
+            -- invariant: a signal that beat the wait wakes the run at once
+            UPDATE runifold_runs SET due_at = v_now WHERE run_id = p_run[i];
+            v_notify := true;
+        ELSIF p_status[i] IS NOT NULL AND p_due[i] IS NOT NULL THEN
+            -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
+            v_notify := true;
+        END IF;
+    END LOOP;
+    -- the events of every commit that passed its fence, in one statement
     INSERT INTO runifold_events (run_id, seq, type, key, at, body)
-    SELECT p_run, p_expected + x.ord, x.type, x.key, v_now, x.body
-    FROM unnest(p_types, p_keys, p_bodies) WITH ORDINALITY AS x(type, key, body, ord);
-    IF cardinality(p_consumed) > 0 THEN
-        UPDATE runifold_signals SET consumed = true WHERE run_id = p_run AND signal_id = ANY (p_consumed);
-    END IF;
-    IF p_status = 'waiting' AND EXISTS (
-        SELECT 1 FROM runifold_signals s WHERE s.run_id = p_run AND NOT s.consumed AND s.name = ANY (p_waits)
-    ) THEN
-        -- invariant: a signal that beat the wait wakes the run at once
-        UPDATE runifold_runs SET due_at = v_now WHERE run_id = p_run;
-        PERFORM pg_notify('runifold_work', '');
-    ELSIF p_status IS NOT NULL AND p_due IS NOT NULL THEN
-        -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
+    SELECT p_run[c], p_expected[c] + n - p_first[c] + 1, p_types[n], p_keys[n], v_now, p_bodies[n]
+    FROM generate_subscripts(p_run, 1) AS c, generate_series(p_first[c], p_first[c] + p_count[c] - 1) AS n
+    WHERE v_ok[c];
+    IF v_notify THEN
         PERFORM pg_notify('runifold_work', '');
     END IF;
-    RETURN QUERY SELECT true, p_expected + v_n, v_now, ''::text;
+    RETURN QUERY SELECT (x.n - 1)::integer, x.ok IS DISTINCT FROM false, x.revision, x.at, x.detail
+        FROM unnest(v_ok, v_revision, v_at, v_detail) WITH ORDINALITY AS x(ok, revision, at, detail, n);
 END
 $$;
 
@@ -369,7 +407,7 @@ DECLARE
 BEGIN
     SELECT array_agg(run_id) INTO v_runs FROM (
         SELECT run_id FROM runifold_runs WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at < p_before
-        ORDER BY updated_at LIMIT p_limit FOR UPDATE SKIP LOCKED) doomed;
+        ORDER BY run_id LIMIT p_limit FOR UPDATE SKIP LOCKED) doomed;
     IF v_runs IS NULL THEN
         RETURN 0;
     END IF;

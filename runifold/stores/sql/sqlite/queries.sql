@@ -80,7 +80,7 @@ WHERE run_id = ?
 UPDATE runs SET due_at = ? WHERE run_id = ?
 
 -- name: finished_before
-SELECT run_id FROM runs WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at < ? ORDER BY updated_at LIMIT ?
+SELECT run_id FROM runs WHERE status IN ('completed', 'failed', 'cancelled') AND updated_at < ? ORDER BY run_id LIMIT ?
 
 -- name: delete_events
 DELETE FROM events WHERE run_id = ?

@@ -27,7 +27,9 @@ CREATE TABLE runs (
 -- finished runs accumulate.
 CREATE INDEX runs_due ON runs (due_at) WHERE due_at IS NOT NULL;
 CREATE INDEX runs_listing ON runs (name, version, status);
-CREATE INDEX runs_finished ON runs (updated_at) WHERE status IN ('completed', 'failed', 'cancelled');
+-- finished runs, oldest first, for purge_finished (no index covers revision or updated_at,
+-- which every step commit changes)
+CREATE INDEX runs_finished ON runs (run_id) WHERE status IN ('completed', 'failed', 'cancelled');
 
 -- The append-only log: seq 1, 2, 3, ... per run.
 CREATE TABLE events (

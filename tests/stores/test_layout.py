@@ -1,0 +1,28 @@
+"""The stores' shape: modules stay small, each store's SQL lives in its named files, every named query is used."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from runifold.stores import _sql
+
+STORES = Path(__file__).resolve().parents[2] / "runifold" / "stores"
+
+
+def test_no_store_module_is_over_800_lines() -> None:
+    """Every module of runifold/stores is at most 800 lines."""
+    sizes = {p.name: len(p.read_text().splitlines()) for p in STORES.glob("*.py")}
+    assert max(sizes.values()) <= 800, sizes
+
+
+def test_each_store_keeps_one_baseline_schema_and_uses_every_named_query() -> None:
+    """sql/<dialect>/ holds schema.sql (version 1) and queries.sql, and the store's code uses every query it names."""
+    for dialect in ("sqlite", "postgres"):
+        folder = STORES / "sql" / dialect
+        assert sorted(p.name for p in folder.glob("*.sql")) == ["queries.sql", "schema.sql"]
+        assert [v for v, _ in _sql.migrations(dialect)] == [1]
+        code = (STORES / f"{dialect}.py").read_text()
+        unused = [name for name in _sql.queries(dialect)
+                  if not re.search(rf"""["']{name}["']""", code)]
+        assert unused == [], f"{dialect} queries never sent: {unused}"

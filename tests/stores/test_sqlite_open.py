@@ -1,0 +1,160 @@
+"""Opening SQLite stores: read-only, errors that name the path, the busy budget, schema versions."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runifold import RunStatus, StoreError, WorkflowTask, open_store
+from runifold.errors import StoreUnavailableError
+from runifold.stores import _sql
+from runifold.stores.sqlite import SCHEMA_VERSION, SqliteWorkflowStore
+
+
+async def _make(path: Path) -> str:
+    store = await SqliteWorkflowStore.open(str(path))
+    try:
+        return (await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))).run_id
+    finally:
+        await store.close()
+
+
+async def test_read_only_open_reads_without_writing(tmp_path: Path) -> None:
+    """readonly=True reads runs, history and audit, refuses writes, and leaves the schema as it was."""
+    path = tmp_path / "runifold.db"
+    run_id = await _make(path)
+    store = await SqliteWorkflowStore.open(str(path), readonly=True)
+    try:
+        assert [r.run_id for r in await store.list_runs()] == [run_id]
+        assert (await store.get_run("c1")).status is RunStatus.READY
+        assert [e.type for e in await store.history(run_id)] == ["run_started"]
+        assert await store.audit("c1") == [] and await store.count_runs() == 1
+        assert await store.migrate() == SCHEMA_VERSION
+        with pytest.raises(StoreError, match="read-only"):
+            await store.enqueue(WorkflowTask("wf", 1, {}))
+    finally:
+        await store.close()
+
+
+async def test_read_only_open_of_a_missing_file_names_it_and_creates_nothing(tmp_path: Path) -> None:
+    """A read-only open of a path with no database says which path, and creates no file there."""
+    missing = tmp_path / "elsewhere" / "runifold.db"
+    for opening in (SqliteWorkflowStore.open(str(missing), readonly=True),
+                    open_store(f"sqlite:///{tmp_path / 'runifold.db'}?mode=ro")):
+        with pytest.raises(StoreUnavailableError) as err:
+            await opening
+        assert str(tmp_path) in str(err.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_read_only_url_opens_read_only(tmp_path: Path) -> None:
+    """sqlite:///path?mode=ro opens the store read-only."""
+    path = tmp_path / "runifold.db"
+    run_id = await _make(path)
+    store = await open_store(f"sqlite:///{path}?mode=ro")
+    try:
+        assert [r.run_id for r in await store.list_runs()] == [run_id]
+        with pytest.raises(StoreError, match="read-only"):
+            await store.purge_finished(time.time())
+    finally:
+        await store.close()
+
+
+async def test_an_open_error_names_the_path(tmp_path: Path) -> None:
+    """A database that cannot be created (its folder is missing) gives an error naming the path."""
+    path = tmp_path / "no-such-folder" / "runifold.db"
+    with pytest.raises(StoreUnavailableError) as err:
+        await SqliteWorkflowStore.open(str(path))
+    assert str(path) in str(err.value)
+
+
+@pytest.fixture
+def read_only_folder(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a file system mounted read-only (needs root, as in CI)."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a file system needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+async def test_read_only_commands_work_on_a_read_only_file_system(read_only_folder: Path) -> None:
+    """On a read-only file system a read-only open lists runs; a writable open fails naming the path."""
+    path = read_only_folder / "runifold.db"
+    run_id = await _make(path)
+    subprocess.run(["mount", "-o", "remount,ro", str(read_only_folder)], check=True)
+    store = await SqliteWorkflowStore.open(str(path), readonly=True)
+    try:
+        assert [r.run_id for r in await store.list_runs()] == [run_id]
+        assert [e.type for e in await store.history("c1")] == ["run_started"]
+    finally:
+        await store.close()
+    with pytest.raises(StoreUnavailableError) as err:
+        await SqliteWorkflowStore.open(str(path))
+    assert str(path) in str(err.value)
+
+
+async def test_the_busy_budget_is_the_one_configured(tmp_path: Path) -> None:
+    """With another process holding the write lock, each write gives up after about busy_seconds, not a multiple."""
+    path = tmp_path / "runifold.db"
+    await _make(path)
+    store = await SqliteWorkflowStore.open(str(path), busy_seconds=0.2)
+    other = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        results = await asyncio.gather(*(store.enqueue(WorkflowTask("wf", 1, {"i": i})) for i in range(4)),
+                                       return_exceptions=True)
+        waited = time.monotonic() - started
+        assert all(isinstance(r, StoreUnavailableError) and str(path) in str(r) for r in results), results
+        # the bug this guards against waited 25 s per write; the budget is 0.2 s (generous bound for a loaded machine)
+        assert waited < 5, waited
+        other.execute("COMMIT")
+        assert (await store.enqueue(WorkflowTask("wf", 1, {"i": 9}))).created
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    """A database migrated by a newer runifold is refused with a clear error, writable or read-only."""
+    path = tmp_path / "runifold.db"
+    await _make(path)
+    conn = sqlite3.connect(str(path))
+    conn.execute("INSERT INTO runifold_schema (version, applied_at) VALUES (?, 0)", (SCHEMA_VERSION + 1,))
+    conn.commit()
+    conn.close()
+    for readonly in (False, True):
+        with pytest.raises(StoreError, match=f"version {SCHEMA_VERSION + 1}, newer"):
+            await SqliteWorkflowStore.open(str(path), readonly=readonly)
+
+
+async def test_a_later_migration_applies_on_top_of_the_baseline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database created from the baseline is recognised, and a later migration is applied to it once."""
+    path = tmp_path / "runifold.db"
+    run_id = await _make(path)
+    later = [*_sql.migrations("sqlite"), (SCHEMA_VERSION + 1, "CREATE TABLE later_feature (x INTEGER);")]
+    monkeypatch.setattr("runifold.stores.sqlite.migrations", lambda dialect: later)
+    monkeypatch.setattr("runifold.stores.sqlite.SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    for _ in range(2):
+        store = await SqliteWorkflowStore.open(str(path))
+        try:
+            assert await store.migrate() == SCHEMA_VERSION + 1
+            assert (await store.get_run(run_id)).checkpoint_id == "c1"
+        finally:
+            await store.close()
+    conn = sqlite3.connect(str(path))
+    versions = [v for (v,) in conn.execute("SELECT version FROM runifold_schema ORDER BY version")]
+    conn.close()
+    assert versions == [1, SCHEMA_VERSION + 1]
