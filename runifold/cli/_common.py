@@ -15,7 +15,6 @@ import msgspec
 
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
-from runifold.stores.sqlite import SqliteWorkflowStore
 from runifold.worker import WorkflowRegistry
 
 DEFAULT_STORE = "sqlite:///runifold-workflows.db"
@@ -34,7 +33,7 @@ class UsageError(Exception):
 def sqlite_path(url: str) -> str | None:
     """The file a SQLite store URL names (as :func:`runifold.open_store` reads it), or None for other stores."""
     if url.startswith("sqlite://"):
-        path = url.removeprefix("sqlite://")
+        path = url.removeprefix("sqlite://").partition("?")[0]
         return path[1:] if path.startswith("/") else path
     if not url.startswith(("postgresql://", "postgres://")) and url != "memory:" \
             and url.endswith((".db", ".sqlite", ".sqlite3")):
@@ -51,15 +50,12 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
     only read (``readonly``) open a SQLite file read-only.
     """
     path = sqlite_path(args.store)
-    if path is None:
-        return await open_store(args.store)
-    if not create and not os.path.exists(path):
+    if path is not None and not create and not os.path.exists(path):
         action = "reads" if readonly else "changes"
         raise UsageError(f"no SQLite store at {path}: `runifold {args.command}` {action} an existing store and never "
                          "creates one; check --store (or RUNIFOLD_STORE), or create it with `runifold migrate`")
-    if readonly:  # no migration, no WAL switch, nothing written: works on a file this user may only read
-        return await SqliteWorkflowStore.open(path, readonly=True)
-    return await open_store(args.store)
+    # read-only: no migration, no WAL switch, nothing written (SQLite; other stores open as usual)
+    return await open_store(args.store, readonly=readonly)
 
 
 def registry_of(args: argparse.Namespace) -> WorkflowRegistry:

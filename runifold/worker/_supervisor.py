@@ -26,8 +26,8 @@ class Supervisor:
     the next; a run that fails does not stop the others. A slot survives any
     exception from the store or from a run: it logs it with its traceback at
     error, counts it in :attr:`outcomes` (``"Error"`` for a runifold error,
-    ``"UnexpectedError"`` for any other exception), releases the run's lease
-    if it holds one, backs off (up to 5 s) and carries on.
+    ``"UnexpectedError"`` for any other exception, after which it also
+    releases the run it held), backs off (up to 5 s) and carries on.
     Idle slots wait on the store (PostgreSQL wakes them at once by
     notification; other stores poll every ``idle_wait``), one of them at a
     time: a slot that claims a run wakes the next idle one, so a burst of
@@ -141,7 +141,11 @@ class Supervisor:
         run = {} if claim is None else {"run_id": claim.run_id, "checkpoint_id": claim.checkpoint_id}
         self.log.error("slot_error" if expected else "slot_unexpected_error", slot=index, **run,
                        error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-        if claim is not None:
+        # a runifold error (the store unreachable, a lease lost) is the execution's to handle, and it decided
+        # what becomes of the lease (left to expire when a commit's outcome is unknown; releasing it would
+        # also wait on the unreachable store); anything else escaped the execution, so the run is handed
+        # back here, claimable at once
+        if claim is not None and not expected:
             try:  # a run whose lease is gone (committed, fenced off) is left as the store has it
                 await self.worker.store.release(claim.lease)
             except Exception as release_exc:  # noqa: BLE001 - the lease then expires on its own
