@@ -9,6 +9,8 @@ from runifold import LeaseDuration, WorkerId, WorkflowDefinition, WorkflowRegist
 from runifold.history import Entry, decode_event
 
 NO_WAIT = timedelta(0)
+#: a retry backoff long enough that the run is rescheduled, short enough to wait out in a test
+SHORT_WAIT = timedelta(milliseconds=150)
 
 
 def worker(store: Any, *definitions: WorkflowDefinition, worker_id: str = "w1", lease: float = 30.0) -> WorkflowWorker:

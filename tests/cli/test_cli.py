@@ -173,7 +173,7 @@ def test_resolve_cancel_and_migrate(cli: Cli) -> None:
     assert cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "c9").returncode == 0
     assert cli("cancel", "c9", "--reason", "not needed").returncode == 0
     again = cli("cancel", "c9", "--reason", "again")
-    assert again.returncode == 1 and "cancelled" in again.stderr
+    assert again.returncode == 0  # cancelling a cancelled run changes nothing
 
 
 async def test_sigterm_releases_in_flight_runs(any_cli: Cli) -> None:
