@@ -11,15 +11,16 @@ compatibility check before a deploy.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from runifold.dsl import WorkflowDefinition
-from runifold.errors import NondeterminismError
+from runifold.errors import InvalidStateError, NondeterminismError
 from runifold.history import Entry, decode_event
 from runifold.stores import RunStatus, WorkflowStore
 from runifold.worker._execution import Execution, ReplayReport
 from runifold.worker._registry import WorkflowRegistry
 
-__all__ = ["ReplayReport", "check_compatibility", "replay", "replay_run"]
+__all__ = ["ReplayReport", "call_returns", "check_compatibility", "replay", "replay_run"]
 
 _UNFINISHED = (RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED)
 
@@ -29,6 +30,26 @@ async def replay(definition: WorkflowDefinition, run_id: str, history: Sequence[
     started = history[0].event if history else None
     checkpoint_id = getattr(started, "checkpoint_id", None)
     return await Execution(definition, run_id, checkpoint_id, history, None).replay()
+
+
+async def call_returns(definition: WorkflowDefinition, run_id: str, history: Sequence[Entry], key: str) -> Any:
+    """Replay ``history`` and return the annotated return type of the call the code makes under ``key``.
+
+    Raises:
+        InvalidStateError: the history does not replay against the code, or the code does not make that call.
+    """
+    started = history[0].event if history else None
+    execution = Execution(definition, run_id, getattr(started, "checkpoint_id", None), history, None)
+    report = await execution.replay()
+    if report.divergence is not None:
+        raise InvalidStateError(
+            f"run {run_id} does not replay against the registered code ({report.divergence}); "
+            "deploy code that matches its history first"
+        )
+    returns = execution.call_returns(key)
+    if returns is None:
+        raise InvalidStateError(f"replaying run {run_id}, the code does not reach {key!r}")
+    return returns
 
 
 async def replay_run(store: WorkflowStore, registry: WorkflowRegistry, run_ref: str) -> ReplayReport:

@@ -265,6 +265,11 @@ class Execution:
         self.report = ReplayReport(run_id)
         self.log = log.bind(run_id=run_id, checkpoint_id=checkpoint_id, worker_id=worker_id)
 
+    def call_returns(self, key: str) -> Any | None:
+        """The annotated return type of the call workflow code made under ``key`` (None: it made none)."""
+        call = self._calls.get(key)
+        return None if call is None else call.returns
+
     # -- construction -------------------------------------------------------------------
 
     @classmethod

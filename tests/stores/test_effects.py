@@ -24,10 +24,12 @@ from runifold import (
     Retried,
     RetryPolicy,
     RunStatus,
+    SerializationError,
     Suspended,
     SuspendReason,
     WorkflowContext,
     WorkflowDefinition,
+    WorkflowRegistry,
     WorkflowTask,
     cancel_run,
     effect,
@@ -162,16 +164,33 @@ async def unsure(key: str) -> str:
 async def test_operator_resolution(store: Any, resolution: Resolution, expected: str) -> None:
     """Each resolution of an ambiguous effect resumes the run as its kind says, recorded with who and why."""
     definition = single(unsure, "unsure")
+    registry = WorkflowRegistry(definition)
     await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="e1"))
     assert isinstance(await worker(store, definition).run_once(), Suspended)
     assert isinstance(await worker(store, definition).run_once(), Idle)
     with pytest.raises(InvalidStateError, match="ambiguous effects: \\['unsure#1'\\]"):
-        await resolve_effect(store, "e1", "nope#1", resolution, by="ops", reason="x")
-    await resolve_effect(store, "e1", "unsure#1", resolution, by="ops", reason="checked", output="sent by hand")
+        await resolve_effect(store, registry, "e1", "nope#1", resolution, by="ops", reason="x")
+    await resolve_effect(store, registry, "e1", "unsure#1", resolution, by="ops", reason="checked", output="sent by hand")
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output.startswith(expected)
     with pytest.raises(InvalidStateError):
-        await resolve_effect(store, "e1", "unsure#1", resolution, by="ops", reason="again")
+        await resolve_effect(store, registry, "e1", "unsure#1", resolution, by="ops", reason="again")
+
+
+async def test_an_applied_resolution_must_fit_the_effect_return_type(store: Any) -> None:
+    """An operator's APPLIED output is checked against the effect's annotation: a wrong type is refused and nothing is appended."""
+    definition = single(unsure, "unsure")
+    registry = WorkflowRegistry(definition)
+    await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="e1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    before = await store.history("e1")
+    with pytest.raises(SerializationError, match="does not fit its annotated type str"):
+        await resolve_effect(store, registry, "e1", "unsure#1", Resolution.APPLIED, by="ops", reason="x",
+                             output={"not": "a string"})
+    assert await store.history("e1") == before and (await store.get_run("e1")).status is RunStatus.PARKED
+    await resolve_effect(store, registry, "e1", "unsure#1", Resolution.APPLIED, by="ops", reason="x", output="sent")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "sent"
 
 
 async def test_cancel_fences_and_finishes(store: Any, tmp_path: Path) -> None:
