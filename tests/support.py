@@ -32,3 +32,11 @@ async def event_types(store: Any, ref: str) -> list[str]:
 
 async def keys(store: Any, ref: str, type_: str) -> list[str]:
     return [e.key for e in await store.history(ref) if e.type == type_]
+
+
+async def send_signal(store: Any, ref: str, name: str, signal_id: str, payload: Any = None) -> Any:
+    """Deliver an (already authenticated) signal straight to the store, as the gateway would."""
+    from runifold.stores import SignalDelivery
+
+    return await store.deliver_signal(
+        SignalDelivery(ref, signal_id, name, {} if payload is None else payload, "tester", "k1", "test", "sha256:x"))

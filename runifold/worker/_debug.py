@@ -17,7 +17,8 @@ from runifold.dsl import WorkflowDefinition
 from runifold.errors import InvalidStateError, NondeterminismError
 from runifold.history import Entry, decode_event
 from runifold.stores import RunStatus, WorkflowStore
-from runifold.worker._execution import Execution, ReplayReport
+from runifold.worker._call import ReplayReport
+from runifold.worker._execution import Execution
 from runifold.worker._registry import WorkflowRegistry
 
 __all__ = ["ReplayReport", "call_returns", "check_compatibility", "replay", "replay_run"]

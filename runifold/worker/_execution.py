@@ -38,19 +38,15 @@ import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, assert_never
 
-import msgspec
 import structlog
 
-from runifold.dsl import Evidence, ResumePolicy, WorkflowContext, WorkflowDefinition
+from runifold.dsl import WorkflowContext, WorkflowDefinition
 from runifold.dsl._context import Binding, Scope, current
-from runifold.dsl._decorators import EffectOutcomeUnknown
-from runifold.dsl._definition import EffectSpec, RetryPolicy, StepSpec
+from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import (
     BudgetExceededError,
-    CapabilityDeniedError,
     EffectFailedError,
     LeaseLostError,
     NondeterminismError,
@@ -68,12 +64,6 @@ from runifold.history import (
     Ambiguous,
     CallKind,
     Done,
-    EffectAmbiguous,
-    EffectCompleted,
-    EffectFailed,
-    EffectReconciled,
-    EffectStarted,
-    EffectUnknown,
     Entry,
     Failed,
     Fresh,
@@ -82,18 +72,13 @@ from runifold.history import (
     RetryDue,
     RunCompleted,
     RunFailed,
-    SignalReceived,
-    SignalTimedOut,
     SignalWaitStarted,
-    StepCompleted,
     StepFailed,
     TimerDone,
-    TimerFired,
     TimerPending,
     TimerStarted,
     UsageCharged,
     ValueRecorded,
-    Verdict,
     WaitPending,
     WaitReceived,
     WaitTimedOut,
@@ -110,14 +95,15 @@ from runifold.stores import (
     EventRow,
     Finish,
     InboxSignal,
-    Lease,
     Reschedule,
     RunStatus,
     Suspend,
     Transition,
     WorkflowStore,
 )
+from runifold.worker._call import Call, Live, ReplayReport, Usage, why
 from runifold.worker._loop import WorkflowLoop
+from runifold.worker._progress import LiveProgress
 from runifold.worker._outcome import (
     Completed,
     Failed as FailedOutcome,
@@ -133,93 +119,15 @@ log = structlog.get_logger("runifold.worker")
 
 #: how long a run whose code diverged from its history waits before it is tried again
 DIVERGED_RETRY_SECONDS = 60.0
-_UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
 #: how long a stopping execution waits for the bodies it cancelled
 _BODY_GRACE = 1.0
-
-
-@dataclass(eq=False)
-class _Call:
-    """One durable call of the workflow, from its registration until workflow code has its outcome."""
-
-    key: str
-    kind: CallKind
-    future: asyncio.Future[Any]
-    returns: Any = Any
-    spec: StepSpec | EffectSpec | None = None
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    #: the calling task's context: a body runs in a copy of it
-    context: contextvars.Context | None = None
-    name: str = ""  # the signal a wait is for
-    attempt: int = 1
-    #: not before (a retry, a timer) or the deadline (a signal wait), on the store's clock
-    due: float | None = None
-    parked: str | None = None  # an ambiguous effect: why
-    in_doubt: bool = False  # an effect started and its outcome is unknown
-    recovering: bool = False  # ... and the attempt was made before this execution
-    busy: bool = False  # a body, a reconcile or the commit of effect_started is under way
-    error: str = ""  # the last failed attempt's error, while a retry waits
-
-
-@dataclass
-class _Usage:
-    steps: int
-    effect_attempts: int
-    retries: int
-    cost_units: float
 
 
 class _Stop(Exception):
     """Ends the driver: the lease is lost or the store failed. Never reaches workflow code."""
 
 
-@dataclass
-class ReplayReport:
-    """What a debug replay found.
-
-    ``steps`` lists each recorded outcome in the order it was handed to the
-    workflow: ``(key, what)``, with ``what`` one of ``replayed``, ``failed``,
-    ``timer fired``, ``signal received``, ``wait timed out``.
-    """
-
-    run_id: str
-    steps: list[tuple[str, str]] = field(default_factory=list)
-    stopped_at: str | None = None
-    finished: bool = False
-    result: Any = None
-    error: str | None = None
-    divergence: NondeterminismError | None = None
-
-    @property
-    def clean(self) -> bool:
-        """True when code and history agree as far as the history goes."""
-        return self.divergence is None
-
-    def raise_for_divergence(self) -> None:
-        """Raise the :class:`NondeterminismError` found, if any."""
-        if self.divergence is not None:
-            raise self.divergence
-
-
-@dataclass
-class _Live:
-    """What only a live execution has: the store, the lease and its renewal."""
-
-    store: WorkflowStore
-    lease: Lease
-    lease_seconds: float
-    renew_every: float
-    claimed_at: float  # the worker's monotonic clock when the claim came back
-    store_now: float  # the store's clock at the claim
-    recoveries: int
-    renewed_at: float = 0.0  # the worker's monotonic clock at the lease's last renewal (or claim)
-
-    def __post_init__(self) -> None:
-        self.renewed_at = self.claimed_at
-
-
-class Execution:
+class Execution(LiveProgress):
     """Drives one run: live under a claim, or as the debugger with no store."""
 
     def __init__(
@@ -228,7 +136,7 @@ class Execution:
         run_id: str,
         checkpoint_id: str | None,
         entries: Sequence[Entry],
-        live: _Live | None,
+        live: Live | None,
         inbox: Sequence[InboxSignal] = (),
         worker_id: str = "",
     ) -> None:
@@ -241,20 +149,20 @@ class Execution:
         usage = fold(entries).usage
         recoveries = live.recoveries if live is not None else 0
         # invariant: usage only grows; a recovery repeated whatever was in flight, so it counts as a step
-        self.usage = _Usage(usage.steps + recoveries, usage.effect_attempts, usage.retries, usage.cost_units)
+        self.usage = Usage(usage.steps + recoveries, usage.effect_attempts, usage.retries, usage.cost_units)
         self._recorded_result = [e.event for e in entries if isinstance(e.event, RunCompleted)]
         self._inbox: list[InboxSignal] = sorted(inbox, key=lambda s: s.received_at)
-        self._calls: dict[str, _Call] = {}
-        self._open: list[_Call] = []  # calls that progress live, in registration order
+        self._calls: dict[str, Call] = {}
+        self._open: list[Call] = []  # calls that progress live, in registration order
         self._replaying = True
         self._cursor = 0  # into replayer.resolutions
-        self._resolutions: deque[tuple[_Call, Any, BaseException | None]] = deque()
+        self._resolutions: deque[tuple[Call, Any, BaseException | None]] = deque()
         self._buffer: list[AnyEvent] = []  # recorded with the next commit
         self._consumed: list[str] = []  # signal ids, consumed with the next commit
         # events that must be durable before their action runs: (events, action after the commit)
         self._outbox: list[tuple[list[AnyEvent], Callable[[], None]]] = []
         self._bodies: set[asyncio.Task[Any]] = set()
-        self._finished: list[tuple[_Call, asyncio.Task[Any], str]] = []
+        self._finished: list[tuple[Call, asyncio.Task[Any], str]] = []
         self._failure: tuple[str, BaseException | None, str] | None = None  # reason, exception, call key
         self._divergence: NondeterminismError | None = None
         self._lost: str | None = None
@@ -278,7 +186,7 @@ class Execution:
         worker_id: str, lease_seconds: float, renew_every: float,
     ) -> Execution:
         """An execution of a claimed run."""
-        io = _Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries)
+        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries)
         return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id)
 
     # -- what WorkflowContext and the decorators call (the Driver protocol) ---------------
@@ -340,10 +248,10 @@ class Execution:
             self._divergence = exc
             return []
 
-    def _register(self, key: str, kind: CallKind, returns: Any, **fields: Any) -> _Call:
+    def _register(self, key: str, kind: CallKind, returns: Any, **fields: Any) -> Call:
         """Register a call made by workflow code; its future is resolved by the driver only."""
         events = self._visit(key, kind)
-        call = _Call(key, kind, self._loop.create_future(), returns, context=contextvars.copy_context(), **fields)
+        call = Call(key, kind, self._loop.create_future(), returns, context=contextvars.copy_context(), **fields)
         if self._divergence is not None:
             return call  # never resolved: the driver ends the execution
         self._calls[key] = call
@@ -352,7 +260,7 @@ class Execution:
             self._open.append(call)
         return call
 
-    def _classify(self, call: _Call, events: list[AnyEvent]) -> bool:
+    def _classify(self, call: Call, events: list[AnyEvent]) -> bool:
         """Take a call's state from its recorded events; True if it progresses live (else replay answers it)."""
         key = call.key
         match call.kind:
@@ -567,7 +475,7 @@ class Execution:
             self._check_recoveries()
         return True
 
-    def _recorded_outcome(self, call: _Call) -> tuple[Any, BaseException | None]:
+    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None]:
         key = call.key
         events = self.replayer.events(key)
         steps = self.report.steps
@@ -596,7 +504,7 @@ class Execution:
             case _:
                 raise AssertionError(f"{call.kind} calls are not resolved by replay")
 
-    def _converted(self, call: _Call, plain: Any) -> Any:
+    def _converted(self, call: Call, plain: Any) -> Any:
         try:
             return convert(plain, call.returns, what=call.key)
         except SerializationError as exc:
@@ -619,10 +527,6 @@ class Execution:
 
     # -- handing outcomes to workflow code ----------------------------------------------------
 
-    def _resolve(self, call: _Call, value: Any = None, error: BaseException | None = None) -> None:
-        """Queue an outcome; the driver hands them over one at a time, in the order queued."""
-        self._resolutions.append((call, value, error))
-
     def _deliver_next(self) -> None:
         call, value, error = self._resolutions.popleft()
         if call.future.done():
@@ -631,294 +535,6 @@ class Execution:
             call.future.set_exception(error)
         else:
             call.future.set_result(value)
-
-    # -- live progress --------------------------------------------------------------------------
-
-    def _advance(self) -> None:
-        """Start what is due among the open calls: bodies, timers, signals, retries."""
-        now = self.store_time()
-        for call in list(self._open):
-            if call.future.done() and not call.busy:
-                self._open.remove(call)  # nobody waits for it any more
-                continue
-            if call.busy or call.parked is not None:
-                continue
-            due = call.due is None or call.due <= now
-            match call.kind:
-                case CallKind.STEP:
-                    if due:
-                        self._start_step(call)
-                case CallKind.EFFECT:
-                    if due:
-                        self._start_effect(call)
-                case CallKind.TIMER:
-                    if due:
-                        self._open.remove(call)
-                        self._buffer.append(TimerFired(key=call.key, fired_at=now))
-                        self._resolve(call)
-                case CallKind.SIGNAL:
-                    self._try_signal(call, now)
-                case CallKind.VALUE | CallKind.CHARGE:
-                    raise AssertionError("values and charges are never open")
-                case _ as unreachable:
-                    assert_never(unreachable)
-            if self._failure is not None:
-                return
-
-    def _try_signal(self, call: _Call, now: float) -> None:
-        # invariant: a signal counts for a wait only if it arrived by the wait's deadline (store clock), however
-        # late this worker looks; the same inputs take the same branch on every worker
-        for signal in self._inbox:
-            if signal.name == call.name and (call.due is None or signal.received_at <= call.due):
-                self._inbox.remove(signal)
-                self._consumed.append(signal.signal_id)
-                self._buffer.append(SignalReceived(
-                    key=call.key, name=call.name, payload=signal.payload, signal_id=signal.signal_id,
-                    sender=signal.sender, reason=signal.reason, received_at=signal.received_at,
-                ))
-                self._open.remove(call)
-                self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
-                self._resolve(call, convert(signal.payload, call.returns, what=call.key))
-                return
-        if call.due is not None and now >= call.due:
-            self._open.remove(call)
-            self._buffer.append(SignalTimedOut(key=call.key, name=call.name))
-            self._resolve(call, error=WaitTimeoutError(call.key, call.name))
-
-    def _allowed(self, call: _Call, kind: CallKind, requires: str | None) -> bool:
-        """Checks before a body runs: capability and budget. A refusal fails the run."""
-        key = call.key
-        if requires is not None and not self.definition.capabilities.allows(requires):
-            self._fail(CapabilityDeniedError(key, requires), key)
-            return False
-        budget = self.definition.budget
-        if budget.max_elapsed is not None:
-            elapsed = self.store_time() - self.replayer.started_at
-            if elapsed > budget.max_elapsed.total_seconds():
-                self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.max_elapsed.total_seconds()), key)
-                return False
-        if kind is CallKind.STEP and budget.max_steps is not None and self.usage.steps + 1 > budget.max_steps:
-            self._fail(BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps), key)
-            return False
-        limit = budget.max_effect_attempts
-        if kind is CallKind.EFFECT and limit is not None and self.usage.effect_attempts + 1 > limit:
-            self._fail(BudgetExceededError("effect attempts", self.usage.effect_attempts + 1, limit), key)
-            return False
-        return True
-
-    def _check_recoveries(self) -> None:
-        assert self._live is not None
-        limit = self.definition.budget.max_recoveries
-        if limit is not None and self._live.recoveries > limit:
-            self._fail(BudgetExceededError("recoveries", self._live.recoveries, limit), "")
-
-    def _start_step(self, call: _Call) -> None:
-        spec = call.spec
-        assert isinstance(spec, StepSpec)
-        if not self._allowed(call, CallKind.STEP, spec.requires):
-            return
-        self.usage.steps += 1
-        self._spawn(call, spec.fn, call.args, call.kwargs, None, "body")
-
-    def _start_effect(self, call: _Call) -> None:
-        spec = call.spec
-        assert isinstance(spec, EffectSpec)
-        if call.in_doubt:
-            self._recover_effect(call, spec)
-            return
-        if not self._allowed(call, CallKind.EFFECT, spec.requires):
-            return
-        self.usage.effect_attempts += 1
-        idem = self._idempotency_key(call)
-        timeout = None if spec.timeout is None else spec.timeout.total_seconds()
-        call.busy = True
-        # invariant: effect_started is durable before the body can touch the outside world
-        self._outbox.append((
-            [EffectStarted(key=call.key, idempotency_key=idem, attempt=call.attempt)],
-            lambda: self._spawn(call, spec.fn, (idem, *call.args), call.kwargs, timeout, "body"),
-        ))
-
-    def _idempotency_key(self, call: _Call) -> str:
-        return f"{self.run_id}:{call.key}"
-
-    def _recover_effect(self, call: _Call, spec: EffectSpec) -> None:
-        """Apply the effect's resume policy to an attempt whose outcome nobody knows."""
-        match spec.resume:
-            case ResumePolicy.REPEAT:
-                if call.attempt >= spec.retry.max_attempts:
-                    self._park(call, f"outcome unknown after {call.attempt} attempt(s) with policy REPEAT")
-                    return
-                call.in_doubt, call.attempt = False, call.attempt + 1
-                self._start_effect(call)
-            case ResumePolicy.MANUAL:
-                self._park(call, "outcome unknown and the resume policy is MANUAL")
-            case ResumePolicy.RECONCILE:
-                assert spec.reconcile is not None
-                self._spawn(call, spec.reconcile, (self._idempotency_key(call), *call.args), call.kwargs, None, "reconcile")
-            case _ as unreachable:
-                assert_never(unreachable)
-
-    def _park(self, call: _Call, reason: str, events: Sequence[AnyEvent] = ()) -> None:
-        self.log.warning("effect_ambiguous", key=call.key, reason=reason)
-        self._buffer.extend(events)
-        self._buffer.append(EffectAmbiguous(key=call.key, reason=reason))
-        call.parked, call.in_doubt = reason, False
-
-    # -- bodies ---------------------------------------------------------------------------------
-
-    def _spawn(self, call: _Call, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               timeout: float | None, what: str) -> None:
-        """Run a body (or a reconcile) as a task of the worker's loop, in a copy of the caller's context."""
-        call.busy = True
-        ctx = (call.context or contextvars.Context()).copy()
-        # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
-        ctx.run(current.set, None)
-        task = self._outer.create_task(_body(fn, args, kwargs, timeout), context=ctx)
-        self._bodies.add(task)
-        task.add_done_callback(lambda done: self._body_done(call, done, what))
-
-    def _body_done(self, call: _Call, task: asyncio.Task[Any], what: str) -> None:
-        self._bodies.discard(task)
-        if not self._closing:
-            self._finished.append((call, task, what))
-            self._wake_up()
-
-    def _collect_finished(self) -> None:
-        finished, self._finished = self._finished, []
-        for call, task, what in finished:
-            call.busy = False
-            # a body that raised CancelledError itself (nobody cancelled it) failed like any other
-            exc = asyncio.CancelledError("the body raised CancelledError") if task.cancelled() else task.exception()
-            value = None if exc is not None else task.result()
-            if what == "reconcile":
-                self._reconciled(call, value, exc)
-            elif call.kind is CallKind.STEP:
-                self._step_finished(call, value, exc)
-            else:
-                self._effect_finished(call, value, exc)
-
-    def _done(self, call: _Call, events: list[AnyEvent], value: Any = None, error: BaseException | None = None) -> None:
-        """The call's outcome is known: commit ``events``, then hand the outcome to workflow code."""
-        if call in self._open:
-            self._open.remove(call)
-        self._outbox.append((events, lambda: self._resolve(call, value, error)))
-
-    def _retry_at(self, retry: RetryPolicy, attempt: int) -> float | None:
-        """When the next attempt may run, or None when the failure is final."""
-        max_retries = self.definition.budget.max_retries
-        if attempt >= retry.max_attempts or (max_retries is not None and self.usage.retries + 1 > max_retries):
-            return None
-        return self.store_time() + retry.backoff(attempt + 1)
-
-    def _step_finished(self, call: _Call, value: Any, exc: BaseException | None) -> None:
-        spec = call.spec
-        assert isinstance(spec, StepSpec)
-        key, attempt = call.key, call.attempt
-        if exc is None:
-            try:
-                plain, live = record(value, call.returns, what=f"step {key}")
-            except SerializationError as err:
-                # deterministic: another attempt would return the same, so the failure is final
-                self._failed_attempt(call, err, None)
-                return
-            self._done(call, [StepCompleted(key=key, output=plain, attempt=attempt)], live)
-            return
-        self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt))
-
-    def _failed_attempt(self, call: _Call, exc: BaseException, retry_at: float | None) -> None:
-        key, attempt, error = call.key, call.attempt, describe(exc)
-        step = call.kind is CallKind.STEP
-        error_type, tb = type_name(exc), traceback_of(exc)
-        event: AnyEvent = (
-            StepFailed(key=key, error=error, attempt=attempt, retry_at=retry_at, error_type=error_type, traceback=tb)
-            if step else
-            EffectFailed(key=key, error=error, attempt=attempt, retry_at=retry_at, error_type=error_type, traceback=tb)
-        )
-        self.log.warning("step_failed" if step else "effect_failed", key=key, attempt=attempt, error=error,
-                         retry_at=retry_at)
-        if retry_at is None:
-            failure = (StepFailedError(key, error, attempt, type_name(exc)) if step
-                       else EffectFailedError(key, error))
-            self._done(call, [event], error=failure)
-            return
-        self.usage.retries += 1
-        self._buffer.append(event)
-        call.attempt, call.due, call.error = attempt + 1, retry_at, error
-
-    def _effect_finished(self, call: _Call, value: Any, exc: BaseException | None) -> None:
-        spec = call.spec
-        assert isinstance(spec, EffectSpec)
-        key, attempt = call.key, call.attempt
-        if exc is None:
-            try:
-                plain, live = record(value, call.returns, what=f"effect {key}")
-            except SerializationError as err:
-                self._park(call, f"it took place but returned a value that cannot be recorded ({err}); resolve it "
-                                 "with the result it should have returned")
-                return
-            self._done(call, [EffectCompleted(key=key, output=plain, attempt=attempt)], live)
-            return
-        if not isinstance(exc, _UNKNOWN_OUTCOME):
-            self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt))
-            return
-        self.log.warning("effect_outcome_unknown", key=key, attempt=attempt, error=describe(exc))
-        unknown = EffectUnknown(key=key, error=describe(exc), attempt=attempt, error_type=type_name(exc))
-        match spec.resume:
-            case ResumePolicy.REPEAT:
-                retry_at = self._retry_at(spec.retry, attempt)
-                if retry_at is None:
-                    self._park(call, f"outcome unknown after {attempt} attempt(s) with policy REPEAT", [unknown])
-                else:
-                    # the provider is idempotent by key: the same key is tried again after the backoff
-                    self.usage.retries += 1
-                    self._buffer.append(msgspec.structs.replace(unknown, retry_at=retry_at))
-                    call.attempt, call.due, call.error = attempt + 1, retry_at, unknown.error
-            case ResumePolicy.MANUAL:
-                self._park(call, "outcome unknown and the resume policy is MANUAL", [unknown])
-            case ResumePolicy.RECONCILE:
-                self._buffer.append(unknown)
-                call.in_doubt, call.recovering = True, False  # reconcile at once, in this execution
-            case _ as unreachable:
-                assert_never(unreachable)
-
-    def _reconciled(self, call: _Call, evidence: Any, exc: BaseException | None) -> None:
-        spec = call.spec
-        assert isinstance(spec, EffectSpec)
-        key, attempt = call.key, call.attempt
-        if exc is not None:
-            evidence = Evidence.unknown(f"reconcile raised {describe(exc)}")
-        elif not isinstance(evidence, Evidence):
-            evidence = Evidence.unknown(f"reconcile returned {type(evidence).__name__}, not Evidence")
-        self.log.info("effect_reconciled", key=key, verdict=evidence.verdict, detail=evidence.detail)
-        if evidence.verdict == Verdict.APPLIED:
-            try:
-                plain, live = record(evidence.result, call.returns, what=f"the evidence of effect {key}")
-            except SerializationError as err:
-                self._park(call, f"reconcile found it applied, with a result that cannot be recorded: {err}",
-                           [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=str(err))])
-                return
-            self._done(call, [EffectReconciled(key=key, verdict=Verdict.APPLIED, output=plain,
-                                               detail=evidence.detail)], live)
-        elif evidence.verdict == Verdict.NOT_APPLIED:
-            if attempt >= spec.retry.max_attempts:
-                self._park(call, f"not applied after {attempt} attempt(s) with unknown outcomes",
-                           [EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)])
-                return
-            # after a crash the next attempt runs at once; after an unknown outcome here, it backs off
-            retry_at = None if call.recovering else self.store_time() + spec.retry.backoff(attempt + 1)
-            self._buffer.append(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail,
-                                                 retry_at=retry_at))
-            call.in_doubt, call.recovering, call.attempt, call.due = False, False, attempt + 1, retry_at
-        else:
-            self._park(call, f"reconcile found no evidence either way: {evidence.detail}",
-                       [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=evidence.detail)])
-
-    # -- failing ------------------------------------------------------------------------------------
-
-    def _fail(self, exc: RunifoldError, key: str) -> None:
-        """The engine fails the run (budget, capability, input): no new body starts; in-flight ones finish."""
-        if self._failure is None:
-            self._failure = (str(exc), exc, key)
 
     # -- commits -------------------------------------------------------------------------------------
 
@@ -1010,12 +626,12 @@ class Execution:
         signals = tuple(sorted({c.name for c in pending if c.kind is CallKind.SIGNAL}))
         waits = [c for c in pending if c.kind in (CallKind.TIMER, CallKind.SIGNAL)]
         parked = [c for c in pending if c.parked is not None]
-        reason = "; ".join(_why(c) for c in pending)
+        reason = "; ".join(why(c) for c in pending)
         if waits:
             await self._commit(Suspend(RunStatus.WAITING, wake_at, signals, reason))
-            why = SuspendReason.SIGNAL if signals else SuspendReason.TIMER
-            self.log.info("run_suspended", reason=str(why), until=wake_at, signals=signals)
-            return Suspended(self.run_id, self.checkpoint_id, why, wake_at, signals, reason)
+            kind = SuspendReason.SIGNAL if signals else SuspendReason.TIMER
+            self.log.info("run_suspended", reason=str(kind), until=wake_at, signals=signals)
+            return Suspended(self.run_id, self.checkpoint_id, kind, wake_at, signals, reason)
         if wake_at is not None:
             retry = min((c for c in pending if c.due is not None and c.parked is None), key=lambda c: c.due or 0.0)
             await self._commit(Reschedule(wake_at, reason))
@@ -1025,16 +641,23 @@ class Execution:
         return Suspended(self.run_id, self.checkpoint_id, SuspendReason.AMBIGUOUS, None, (), reason)
 
     def _check_result(self, output: Any) -> None:
-        """Debugger: a replay that finishes must return what the live run returned."""
+        """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""
+        returns = self.definition.spec.returns.get()
         try:
-            plain, _ = record(output, self.definition.spec.returns.get(), what="the workflow")
+            _, replayed = record(output, returns, what="the workflow")
         except SerializationError as exc:
             self.report.divergence = NondeterminismError("(result)", "a recorded result", "a result", str(exc))
             return
-        self.report.result = output
-        if self._recorded_result and self._recorded_result[-1].output != plain:
-            self.report.divergence = NondeterminismError(
-                "(result)", f"result {self._recorded_result[-1].output!r}", f"result {plain!r}")
+        self.report.result = replayed
+        if not self._recorded_result:
+            return
+        recorded = self._recorded_result[-1].output
+        try:
+            same = convert(recorded, returns, what="the recorded result") == replayed
+        except SerializationError:
+            same = False
+        if not same:
+            self.report.divergence = NondeterminismError("(result)", f"result {recorded!r}", f"result {replayed!r}")
 
     # -- waiting, renewal, teardown ----------------------------------------------------------------
 
@@ -1065,12 +688,12 @@ class Execution:
             if timer is not None:
                 timer.cancel()
 
-    async def _renew(self, live: _Live) -> None:
+    async def _renew(self, live: Live) -> None:
         started = time.monotonic()
         live.lease = await live.store.renew(live.lease, live.lease_seconds)
         live.renewed_at = started
 
-    async def _renew_loop(self, live: _Live) -> None:
+    async def _renew_loop(self, live: Live) -> None:
         # invariant: renewals are anchored to the claim (then to the last renewal), not to when this
         # execution started: a claim that waited has used part of its lease already
         while True:
@@ -1092,7 +715,7 @@ class Execution:
         if bodies:
             await asyncio.wait(bodies, timeout=_BODY_GRACE)
 
-    async def _release(self, live: _Live) -> None:
+    async def _release(self, live: Live) -> None:
         """Hand the run back untouched (best effort, bounded: a stalled store must not hold up a stop)."""
         try:
             await asyncio.wait_for(asyncio.shield(live.store.release(live.lease)), live.renew_every)
@@ -1114,26 +737,6 @@ class Execution:
         loop.close()
 
 
-async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
-    if timeout is None:
-        return await fn(*args, **kwargs)
-    async with asyncio.timeout(timeout):
-        return await fn(*args, **kwargs)
-
-
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _why(call: _Call) -> str:
-    """One open call, as a suspension's reason shows it."""
-    if call.parked is not None:
-        return f"effect {call.key} is ambiguous: {call.parked}"
-    match call.kind:
-        case CallKind.SIGNAL:
-            return f"signal {call.name!r} ({call.key})"
-        case CallKind.TIMER:
-            return f"timer {call.key}"
-        case _:
-            return f"{call.kind} {call.key} attempt {call.attempt} waits for its retry: {call.error}"
