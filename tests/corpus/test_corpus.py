@@ -66,6 +66,7 @@ async def test_every_shape_replays_exactly(open_store: Any, interrupt: float) ->
 
 
 def spawn(env: CrashEnv, worker_id: str) -> subprocess.Popen[bytes]:
+    env.uses(APP)
     return subprocess.Popen(
         [sys.executable, "-m", "runifold.cli", "--store", env.url, "--app", APP, "worker", "--lease", "1",
          "--concurrency", "6", "--idle-wait", "0.05", "--worker-id", worker_id],
