@@ -127,7 +127,7 @@ async def main(url: str = "sqlite:///runifold-payment.db") -> None:
 
         # The operator checks the provider's console and finds no charge: retry it with the same key.
         provider.unreachable_for.discard("ord_3")
-        await resolve_effect(store, "ord_3", "charge_card#1", Resolution.RETRY, by="ops-alice",
+        await resolve_effect(store, registry, "ord_3", "charge_card#1", Resolution.RETRY, by="ops-alice",
                              reason="no charge in the provider console at 14:02")
         print(f"\nord_3 after resolution: {await worker.run_once()}")
         print(f"provider applied {provider.applications} charge(s) in total")

@@ -206,10 +206,12 @@ class WorkflowError(RunifoldError):
 class StepFailedError(WorkflowError):
     """A step failed on every attempt its retry policy allowed."""
 
-    def __init__(self, key: str, error: str, attempts: int) -> None:
+    def __init__(self, key: str, error: str, attempts: int, error_type: str = "") -> None:
         self.key = key
         self.error = error
         self.attempts = attempts
+        #: the qualified class name of the exception the step's last attempt raised
+        self.error_type = error_type
         super().__init__(f"step {key} failed after {attempts} attempt(s): {error}")
 
 
@@ -234,4 +236,24 @@ class WaitTimeoutError(WorkflowError):
 def describe(exc: BaseException) -> str:
     """Return ``Type: message`` for recording an exception in the history."""
     return f"{type(exc).__name__}: {exc}"
+
+
+def type_name(exc: BaseException) -> str:
+    """Return the qualified class name of ``exc`` (``module.Class``), as failure events record it."""
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+#: the most characters of a traceback a failure event keeps (its last lines: where it was raised)
+TRACEBACK_CHARS = 4000
+
+
+def traceback_of(exc: BaseException) -> str:
+    """Return the traceback of ``exc`` as text, cut to its last ``TRACEBACK_CHARS`` characters."""
+    import traceback
+
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    if len(text) > TRACEBACK_CHARS:
+        text = "...\n" + text[-TRACEBACK_CHARS:].split("\n", 1)[-1]
+    return text
 

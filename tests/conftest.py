@@ -82,3 +82,43 @@ async def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
 async def store(open_store: StoreFactory) -> Any:
     """One fresh store of each kind."""
     return await open_store()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Replay every run a worker completes in this process (logs: the library's records reach pytest's capture)."""
+    _replay_every_completed_run()
+
+
+#: runs that completed in this process and did not replay exactly against their code (see the fixture below)
+REPLAY_FAILURES: list[str] = []
+
+
+def _replay_every_completed_run() -> None:
+    """Make every worker in this test process replay each run it completes, as the debugger would.
+
+    The replay must be clean, reach the end, and return a value equal to the live output, of the same
+    types all the way down. Crash tests do the same for runs completed by worker processes.
+    """
+    from runifold import Completed
+    from runifold.worker._worker import WorkflowWorker
+
+    original = WorkflowWorker._drive
+
+    async def drive(self: WorkflowWorker, claim: Any) -> Any:
+        outcome = await original(self, claim)
+        if isinstance(outcome, Completed):
+            from tests.corpus.check import replay_problems
+
+            REPLAY_FAILURES.extend(await replay_problems(self.store, self.registry, outcome.run_id, outcome.output))
+        return outcome
+
+    WorkflowWorker._drive = drive  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _completed_runs_replay() -> Any:
+    """Fail a test in which a run completed by a worker of this process does not replay exactly."""
+    REPLAY_FAILURES.clear()
+    yield
+    failures, REPLAY_FAILURES[:] = list(REPLAY_FAILURES), []
+    assert not failures, "completed runs that do not replay exactly:\n" + "\n".join(failures)

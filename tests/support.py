@@ -9,6 +9,8 @@ from runifold import LeaseDuration, WorkerId, WorkflowDefinition, WorkflowRegist
 from runifold.history import Entry, decode_event
 
 NO_WAIT = timedelta(0)
+#: a retry backoff long enough that the run is rescheduled, short enough to wait out in a test
+SHORT_WAIT = timedelta(milliseconds=150)
 
 
 def worker(store: Any, *definitions: WorkflowDefinition, worker_id: str = "w1", lease: float = 30.0) -> WorkflowWorker:
@@ -30,3 +32,12 @@ async def event_types(store: Any, ref: str) -> list[str]:
 
 async def keys(store: Any, ref: str, type_: str) -> list[str]:
     return [e.key for e in await store.history(ref) if e.type == type_]
+
+
+async def send_signal(store: Any, ref: str, name: str, signal_id: str, payload: Any = None) -> Any:
+    """Deliver an (already authenticated) signal straight to the store, as the gateway would."""
+    from runifold.stores import SignalDelivery
+
+    run_id = (await store.get_run(ref)).run_id  # the gateway resolves the reference once
+    return await store.deliver_signal(SignalDelivery(
+        ref, run_id, signal_id, name, {} if payload is None else payload, "tester", "k1", "test", "sha256:x"))

@@ -149,7 +149,8 @@ async def resolve_cmd(args: argparse.Namespace) -> int:
         resolution, output = (Resolution.RETRY if args.retry else Resolution.FAIL), None
     store = await store_of(args)
     try:
-        result = await resolve_effect(store, args.run, args.effect, resolution, by=args.by, reason=args.reason, output=output)
+        result = await resolve_effect(store, registry_of(args), args.run, args.effect, resolution, by=args.by,
+                                      reason=args.reason, output=output)
     finally:
         await store.close()
     if args.json:

@@ -105,17 +105,24 @@ class Budget:
     """Limits on what one run may consume. ``None`` means unlimited.
 
     Defaults: 10,000 live step executions, 1,000 effect attempts, 1,000
-    retries, unlimited cost units and elapsed time.
+    retries, 100 recoveries, unlimited cost units and elapsed time.
+
+    A *recovery* is a claim that takes the run over from a worker whose lease
+    expired while it ran the workflow (it crashed, froze or lost the store).
+    Whatever that worker was executing runs again, so each recovery also
+    counts as one step execution: a step that crashes its worker every time
+    exhausts ``max_steps`` or ``max_recoveries`` instead of looping forever.
     """
 
     max_steps: int | None = 10_000
     max_effect_attempts: int | None = 1_000
     max_retries: int | None = 1_000
+    max_recoveries: int | None = 100
     max_cost_units: float | None = None
     max_elapsed: timedelta | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "max_effect_attempts", "max_retries", "max_cost_units"):
+        for name in ("max_steps", "max_effect_attempts", "max_retries", "max_recoveries", "max_cost_units"):
             _positive(f"Budget.{name}", getattr(self, name))
         if self.max_elapsed is not None:
             _positive("Budget.max_elapsed", self.max_elapsed.total_seconds())
@@ -198,6 +205,10 @@ class WorkflowSpec:
     fn: Callable[..., Awaitable[Any]]
     params: tuple[str, ...]
     _types: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    returns: _ReturnType = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "returns", _ReturnType(self.fn))
 
     def param_types(self) -> dict[str, Any]:
         """Return the annotated type of each input parameter (``Any`` if none), resolved once."""

@@ -38,6 +38,7 @@ from runifold.history._events import (
     EffectReconciled,
     EffectResolved,
     EffectStarted,
+    EffectUnknown,
     Entry,
     Event,
     Resolution,
@@ -63,7 +64,7 @@ from runifold.history._replayer import CallKind, Replayer, kind_of
 __all__ = [
     "TERMINAL_EVENTS", "Ambiguous", "AnyEvent", "CallKind", "Checkpoint", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
-    "EffectResolved", "EffectStarted", "EffectState", "Entry", "Event", "Failed", "Fresh",
+    "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",
     "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",
     "RunFailed", "RunRetried", "RunStarted", "SignalReceived", "SignalTimedOut", "SignalWaitStarted",
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",

@@ -18,7 +18,9 @@ from runifold.history._events import (
     EffectReconciled,
     EffectResolved,
     EffectStarted,
+    EffectUnknown,
     Resolution,
+    RunRetried,
     SignalReceived,
     SignalTimedOut,
     SignalWaitStarted,
@@ -91,6 +93,8 @@ def step_state(events: Sequence[AnyEvent]) -> StepState:
                 state = Failed(error, attempt)
             case StepFailed(attempt=attempt, retry_at=float() as retry_at):
                 state = RetryDue(attempt + 1, retry_at)
+            case RunRetried() if isinstance(state, Failed):
+                state = Fresh(state.attempts + 1)  # an operator gave the failed call another attempt
             case _:
                 pass
     return state
@@ -100,10 +104,11 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
     """Fold the events of one effect key."""
     state: EffectState = Fresh()
     attempt = 0
+    idempotency_key = ""
     for event in events:
         match event:
             case EffectStarted(attempt=a, idempotency_key=idem):
-                attempt = a
+                attempt, idempotency_key = a, idem
                 state = InDoubt(a, idem)
             case EffectCompleted(output=output):
                 state = Done(output)
@@ -111,10 +116,16 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
                 state = Failed(error, a)
             case EffectFailed(attempt=a, retry_at=float() as retry_at):
                 state = RetryDue(a + 1, retry_at)
+            case EffectUnknown(attempt=a, retry_at=None):
+                state = InDoubt(a, idempotency_key)
+            case EffectUnknown(attempt=a, retry_at=float() as retry_at):
+                state = RetryDue(a + 1, retry_at)
             case EffectReconciled(verdict=Verdict.APPLIED, output=output):
                 state = Done(output)
-            case EffectReconciled(verdict=Verdict.NOT_APPLIED):
+            case EffectReconciled(verdict=Verdict.NOT_APPLIED, retry_at=None):
                 state = Fresh(attempt + 1)
+            case EffectReconciled(verdict=Verdict.NOT_APPLIED, retry_at=float() as retry_at):
+                state = RetryDue(attempt + 1, retry_at)
             case EffectReconciled(verdict=Verdict.UNKNOWN):
                 pass  # an EffectAmbiguous follows in the same commit
             case EffectAmbiguous(reason=reason):
@@ -129,6 +140,8 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
                         state = Failed(f"resolved as failed by an operator: {reason}", attempt)
                     case _ as unreachable:
                         assert_never(unreachable)
+            case RunRetried() if isinstance(state, Failed):
+                state = Fresh(attempt + 1)
             case _:
                 pass
     return state

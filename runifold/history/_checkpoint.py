@@ -20,6 +20,7 @@ from runifold.history._events import (
     EffectReconciled,
     EffectResolved,
     EffectStarted,
+    EffectUnknown,
     Entry,
     RunCancelled,
     RunCompleted,
@@ -115,7 +116,7 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 effect_attempts += 1
                 attempts[key] = attempt
                 effect_events.setdefault(key, []).append(event)
-            case EffectFailed(key=key, retry_at=retry_at):
+            case EffectFailed(key=key, retry_at=retry_at) | EffectUnknown(key=key, retry_at=retry_at):
                 retries += retry_at is not None
                 effect_events.setdefault(key, []).append(event)
             case EffectCompleted(key=key):

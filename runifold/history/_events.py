@@ -59,6 +59,18 @@ class EffectFailed(Event, frozen=True, tag="effect_failed", kw_only=True):
     traceback: str = ""
 
 
+class EffectUnknown(Event, frozen=True, tag="effect_unknown", kw_only=True):
+    """An attempt's outcome is unknown (a timeout, a lost connection, ``EffectOutcomeUnknown``).
+
+    ``retry_at`` is set when the policy (``REPEAT``) tries the same key again then.
+    """
+
+    error: str
+    attempt: int
+    retry_at: float | None = None
+    error_type: str = ""
+
+
 class Verdict(enum.StrEnum):
     """What a reconcile function found out about an effect in doubt."""
 
@@ -160,6 +172,7 @@ AnyEvent = (
     | EffectStarted
     | EffectCompleted
     | EffectFailed
+    | EffectUnknown
     | EffectReconciled
     | EffectAmbiguous
     | EffectResolved

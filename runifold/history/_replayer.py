@@ -13,17 +13,31 @@ Divergence rules:
   calls happen one after another and their first events are logged in call
   order, so each scope must call exactly its next recorded key: anything else
   means a call was removed, renamed, reordered or inserted;
-* before anything runs live, every recorded key must have been visited: an
-  unvisited one was removed or renamed (:meth:`Replayer.check_all_visited`).
+* recorded outcomes are handed to workflow code in the order they were
+  recorded (:attr:`Replayer.resolutions`); before anything runs live every
+  recorded key must have been called, and a recorded key the code cannot
+  reach once it is idle was removed, renamed or moved to another path.
 """
 
 from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from typing import assert_never
 
 from runifold.errors import NondeterminismError, SerializationError
+from runifold.history._calls import (
+    Done,
+    Failed,
+    TimerDone,
+    WaitReceived,
+    WaitTimedOut,
+    effect_state,
+    step_state,
+    timer_state,
+    wait_state,
+)
 from runifold.history._events import (
     AnyEvent,
     EffectAmbiguous,
@@ -32,7 +46,9 @@ from runifold.history._events import (
     EffectReconciled,
     EffectResolved,
     EffectStarted,
+    EffectUnknown,
     Entry,
+    RunRetried,
     RunStarted,
     SignalReceived,
     SignalTimedOut,
@@ -66,6 +82,7 @@ def kind_of(event: AnyEvent) -> CallKind | None:
             EffectStarted()
             | EffectCompleted()
             | EffectFailed()
+            | EffectUnknown()
             | EffectReconciled()
             | EffectAmbiguous()
             | EffectResolved()
@@ -89,6 +106,23 @@ def scope_of(key: str) -> str:
     return head + sep
 
 
+def _resolved(kind: CallKind, events: Sequence[AnyEvent]) -> bool:
+    """Tell whether the recorded events of one key settle its call (its outcome is known)."""
+    match kind:
+        case CallKind.STEP:
+            return isinstance(step_state(events), (Done, Failed))
+        case CallKind.EFFECT:
+            return isinstance(effect_state(events), (Done, Failed))
+        case CallKind.TIMER:
+            return isinstance(timer_state(events), TimerDone)
+        case CallKind.SIGNAL:
+            return isinstance(wait_state(events), (WaitReceived, WaitTimedOut))
+        case CallKind.VALUE | CallKind.CHARGE:
+            return False  # answered at the call, synchronously: never awaited, never ordered
+        case _ as unreachable:
+            assert_never(unreachable)
+
+
 class Replayer:
     """Index of a run's history by call key, with divergence checks."""
 
@@ -103,41 +137,45 @@ class Replayer:
         self.revision: int = entries[-1].seq
         self._events: dict[str, list[AnyEvent]] = {}
         self._kind: dict[str, CallKind] = {}
+        self._last_seq: dict[str, int] = {}
         self._recorded_order: list[str] = []
         # invariant: every key of _recorded_order before _cursor has been visited
         self._cursor = 0
         self._visited: set[str] = set()
         self._scope_queue: dict[str, deque[str]] = {}
-        self._absorb(entries, visited=False)
-
-    # -- building --------------------------------------------------------
-
-    def _absorb(self, entries: Iterable[Entry], *, visited: bool) -> None:
         for entry in entries:
-            self.revision = max(self.revision, entry.seq)
-            kind = kind_of(entry.event)
-            key = entry.event.key
+            event = entry.event
+            key = event.key
+            if isinstance(event, RunRetried) and key in self._events:
+                self._events[key].append(event)  # reopens the failed call it names
+                self._last_seq[key] = entry.seq
+                continue
+            kind = kind_of(event)
             if kind is None or not key:
                 continue
             if key not in self._events:
                 self._events[key] = []
                 self._kind[key] = kind
-                if visited:
-                    self._visited.add(key)
-                else:
-                    self._recorded_order.append(key)
-                    self._scope_queue.setdefault(scope_of(key), deque()).append(key)
-            self._events[key].append(entry.event)
-
-    def extend(self, entries: Iterable[Entry]) -> None:
-        """Add events this execution committed itself (already visited)."""
-        self._absorb(entries, visited=True)
+                self._recorded_order.append(key)
+                self._scope_queue.setdefault(scope_of(key), deque()).append(key)
+            self._events[key].append(event)
+            self._last_seq[key] = entry.seq
+        #: keys whose outcome history records, in the order those outcomes were recorded: a
+        #: replay hands them to workflow code in exactly this order, as the live run did
+        self.resolutions: list[str] = sorted(
+            (k for k in self._recorded_order if _resolved(self._kind[k], self._events[k])),
+            key=self._last_seq.__getitem__,
+        )
 
     # -- queries ------------------------------------------------------------
 
     def events(self, key: str) -> list[AnyEvent]:
         """Return the events recorded for ``key`` (empty when it is new)."""
         return list(self._events.get(key, ()))
+
+    def kind(self, key: str) -> CallKind | None:
+        """Return the kind of call history recorded under ``key``, if any."""
+        return self._kind.get(key)
 
     def is_recorded(self, key: str) -> bool:
         """Tell whether history holds any event for ``key``."""
@@ -167,12 +205,7 @@ class Replayer:
                 detail="a call was removed, renamed, reordered or inserted",
             )
         self._visited.add(key)
-        return self.events(key)
-
-    @property
-    def visited(self) -> int:
-        """How many distinct keys the code has called so far."""
-        return len(self._visited)
+        return self._events.get(key, [])
 
     def first_unvisited(self) -> str | None:
         """Return the earliest recorded key the code has not called, if any."""
@@ -181,17 +214,9 @@ class Replayer:
             self._cursor += 1
         return order[self._cursor] if self._cursor < len(order) else None
 
-    def check_all_visited(self, called: str) -> None:
-        """Raise if a recorded call was skipped before ``called`` runs live.
-
-        Raises:
-            NondeterminismError: naming the first recorded key not called.
-        """
-        missing = self.first_unvisited()
-        if missing is not None:
-            raise NondeterminismError(
-                missing,
-                recorded=f"{self._kind[missing]} call {missing}",
-                called=called,
-                detail="a call was removed or renamed",
-            )
+    def missing(self, key: str, called: str) -> NondeterminismError:
+        """The error for recorded ``key`` that the code did not reach; ``called`` says what it did instead."""
+        return NondeterminismError(
+            key, recorded=f"{self._kind[key]} call {key}", called=called,
+            detail="a call was removed or renamed, or the code took another path",
+        )

@@ -21,10 +21,12 @@ from runifold.history import (
     decode_event,
     effect_state,
     fold,
-    to_plain,
+    record,
 )
 from runifold.history import EffectResolved as EffectResolvedEvent
 from runifold.stores import CommitResult, EventRow, RunStatus, WorkflowStore
+from runifold.worker._debug import call_returns
+from runifold.worker._registry import WorkflowRegistry
 
 log = get_logger("runifold.admin")
 
@@ -37,6 +39,7 @@ async def _history(store: WorkflowStore, run_ref: str) -> list[Entry]:
 
 async def resolve_effect(
     store: WorkflowStore,
+    registry: WorkflowRegistry,
     run_ref: str,
     key: str,
     resolution: Resolution,
@@ -45,9 +48,12 @@ async def resolve_effect(
     reason: str,
     output: Any = None,
 ) -> CommitResult:
-    """Settle an ambiguous effect of a parked run and make the run claimable again.
+    """Settle an ambiguous effect of an unfinished run and make the run claimable again.
 
     Args:
+        registry: the workflows' code: an ``APPLIED`` output is checked against the
+            effect's annotated return type (by replaying the run), so a resolution
+            can never leave the run unable to continue.
         run_ref: run id or checkpoint id.
         key: the effect's key as the history shows it (e.g. ``charge_card#1``).
         resolution: ``APPLIED`` (with ``output``, what the effect returned),
@@ -57,20 +63,28 @@ async def resolve_effect(
         reason: why (recorded in the history).
 
     Raises:
-        InvalidStateError: the run is not parked or ``key`` is not an ambiguous effect.
+        InvalidStateError: ``key`` is not an ambiguous effect of the run, or the
+            run's history does not replay against the registered code.
+        SerializationError: ``output`` does not fit the effect's return type.
+        UnknownWorkflowError: the registry lacks the run's ``(name, version)``.
     """
     if not by or not reason:
         raise InvalidStateError("resolving an effect needs `by` (who) and `reason` (why); both go into the history")
-    history = await _history(store, run_ref)
+    info = await store.get_run(run_ref)
+    history = await _history(store, info.run_id)
     events = [e.event for e in history if e.event.key == key]
     if not isinstance(effect_state(events), Ambiguous):
         ambiguous = sorted(k for k, status in fold(history).pending_effects.items() if status == "ambiguous")
         raise InvalidStateError(
             f"{key!r} is not an ambiguous effect of run {run_ref}; ambiguous effects: {ambiguous or 'none'}"
         )
-    plain = to_plain(output, what="the resolution's output") if resolution is Resolution.APPLIED else None
+    plain = None
+    if resolution is Resolution.APPLIED:
+        definition = registry.definition_for(info.name, info.version)
+        returns = await call_returns(definition, info.run_id, history, key)
+        plain, _ = record(output, returns, what=f"the resolution of effect {key}")
     event = EffectResolvedEvent(key=key, resolution=resolution, by=by, reason=reason, output=plain)
-    result = await store.intervene(run_ref, {RunStatus.PARKED}, [EventRow.of(event)], RunStatus.READY)
+    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.READY)
     log.info("effect_resolved", run_ref=run_ref, key=key, resolution=str(resolution), by=by)
     return result
 

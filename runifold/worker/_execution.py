@@ -1,57 +1,69 @@
-"""Live execution of one claimed run: the driver behind workflow code.
+"""Driving one run: replay its history through the workflow's code, then continue it live.
 
-The workflow function is called from the top. Calls whose keys the history
-holds return their recorded results; the first call that is new runs live and
-its result is committed before the workflow continues.
+Workflow code runs on its own :class:`~runifold.worker._loop.WorkflowLoop`.
+Each durable call (step, effect, timer, signal wait) registers a *call* and
+awaits a future that only this driver resolves:
 
-Anything that must stop the run (a wait, a retry backoff, an ambiguous effect,
-a failed budget, divergence from history) raises a private ``_Halt``, a
-``BaseException`` that workflow code must not swallow. Halts raised by
-concurrent branches are merged; after the workflow's root task ends and every
-live call in flight has committed, one final commit writes the halt's events and
-its transition, or the run's completion.
+* **Replay.** Calls whose outcome history records are answered in the order
+  the outcomes were recorded, one at a time, running workflow code until it is
+  idle in between: the interleaving of concurrent branches is the one the live
+  run had. A recorded call the code cannot reach once it is idle (and waits
+  for nothing in real time) is a divergence; nothing runs live and nothing is
+  written before the whole history has been replayed.
+* **Live.** Then the open calls progress: step and effect bodies run as tasks
+  of the worker's loop, and their results are committed, grouped when several
+  finish together, *before* workflow code sees them, in commit order. Timers
+  fire and signals are consumed when due on the store's clock; a retry waits
+  for its own due time.
+* **Suspension.** When workflow code is idle, no body is in flight and nothing
+  is due, the transition is derived from the open calls (earliest due time,
+  signals awaited, ambiguous effects) and committed once. Nothing is raised
+  through workflow code to stop it; afterwards its tasks are cancelled, and a
+  call made while they unwind raises ``CancelledError`` without running or
+  recording anything.
+
+Workflow code never awaits the store: a commit that fails stops the execution
+(the run stays as it was), it is never raised into the workflow. Values
+recorded by one branch while another commits are buffered and go into the
+next commit; nothing buffered is dropped.
+
+The debugger (:mod:`runifold.worker._debug`) is this same driver with no store:
+it stops where the history ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import enum
-import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any, assert_never
 
 from runifold._log import get_logger
 
-from runifold.dsl import Evidence, ResumePolicy, WorkflowContext, WorkflowDefinition
+from runifold.dsl import WorkflowContext, WorkflowDefinition
 from runifold.dsl._context import Binding, Scope, current
-from runifold.dsl._decorators import EffectOutcomeUnknown
-from runifold.dsl._definition import EffectSpec, RetryPolicy, StepSpec
+from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import (
     BudgetExceededError,
-    CapabilityDeniedError,
     EffectFailedError,
     LeaseLostError,
     NondeterminismError,
     RunifoldError,
     SerializationError,
     StepFailedError,
-    StoreUnavailableError,
+    StoreError,
     WaitTimeoutError,
     describe,
+    traceback_of,
+    type_name,
 )
 from runifold.history import (
     AnyEvent,
     Ambiguous,
     CallKind,
     Done,
-    EffectAmbiguous,
-    EffectCompleted,
-    EffectFailed,
-    EffectReconciled,
-    EffectStarted,
     Entry,
     Failed,
     Fresh,
@@ -60,43 +72,38 @@ from runifold.history import (
     RetryDue,
     RunCompleted,
     RunFailed,
-    SignalReceived,
-    SignalTimedOut,
     SignalWaitStarted,
-    StepCompleted,
     StepFailed,
     TimerDone,
-    TimerFired,
     TimerPending,
     TimerStarted,
     UsageCharged,
     ValueRecorded,
-    Verdict,
     WaitPending,
     WaitReceived,
     WaitTimedOut,
     convert,
-    decode_event,
     effect_state,
     fold,
+    record,
     step_state,
     timer_state,
-    to_plain,
     wait_state,
 )
 from runifold.stores import (
-    Claim,
     Continue,
     EventRow,
     Finish,
     InboxSignal,
-    Lease,
     Reschedule,
     RunStatus,
     Suspend,
     Transition,
     WorkflowStore,
 )
+from runifold.worker._call import Call, Live, ReplayReport, Usage, why
+from runifold.worker._loop import WorkflowLoop
+from runifold.worker._progress import LiveProgress
 from runifold.worker._outcome import (
     Completed,
     Failed as FailedOutcome,
@@ -107,608 +114,629 @@ from runifold.worker._outcome import (
     SuspendReason,
 )
 from runifold.worker._registry import bind_input
-from runifold.worker._scope import install_scoped_task_factory
 
 log = get_logger("runifold.worker")
 
-# How long a run whose code diverged from its history waits before it is tried again.
+#: how long a run whose code diverged from its history waits before it is tried again
 DIVERGED_RETRY_SECONDS = 60.0
-_UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
+#: how long a stopping execution waits for the bodies it cancelled
+_BODY_GRACE = 1.0
 
 
-class _Kind(enum.IntEnum):
-    """Halt kinds, by precedence when concurrent branches halt together."""
-
-    WAIT = 0
-    RESCHEDULE = 1
-    PARK = 2
-    FAIL = 3
-    DIVERGED = 4
+class _Stop(Exception):
+    """Ends the driver: the lease is lost or the store failed. Never reaches workflow code."""
 
 
-class _Abandoned(BaseException):
-    """Stops a branch of a run that is already stopping or lost; records nothing."""
-
-
-@dataclass(eq=False)
-class _Halt(BaseException):
-    """Stops workflow code; carries what the final commit must write."""
-
-    kind: _Kind
-    events: list[AnyEvent] = field(default_factory=list)
-    wake_at: float | None = None
-    signals: tuple[str, ...] = ()
-    reason: str = ""
-    key: str = ""
-    attempt: int = 0
-
-    def merge(self, other: _Halt) -> _Halt:
-        """Combine two halts: events add up; the strongest transition wins."""
-        events = self.events + other.events
-        if self.kind is _Kind.WAIT and other.kind is _Kind.WAIT:
-            wakes = [w for w in (self.wake_at, other.wake_at) if w is not None]
-            return replace(self, events=events, wake_at=min(wakes) if wakes else None,
-                           signals=tuple(sorted(set(self.signals) | set(other.signals))))
-        if {self.kind, other.kind} <= {_Kind.WAIT, _Kind.RESCHEDULE}:
-            first = self if self.kind is _Kind.RESCHEDULE else other
-            at = min(w for w in (self.wake_at, other.wake_at, math.inf) if w is not None)
-            return replace(first, events=events, wake_at=at)
-        strongest = self if self.kind >= other.kind else other
-        return replace(strongest, events=events)
-
-
-@dataclass
-class _Usage:
-    steps: int
-    effect_attempts: int
-    retries: int
-    cost_units: float
-
-
-async def _call(definition: WorkflowDefinition, ctx: WorkflowContext, kwargs: dict[str, Any]) -> Any:
-    return await definition.fn(ctx, **kwargs)
-
-
-class Execution:
-    """Drives one claimed run to completion, suspension or failure."""
+class Execution(LiveProgress):
+    """Drives one run: live under a claim, or as the debugger with no store."""
 
     def __init__(
         self,
-        store: WorkflowStore,
-        claim: Claim,
         definition: WorkflowDefinition,
-        worker_id: str,
-        lease_seconds: float,
-        renew_every: float,
-        ending: Callable[[], None] | None = None,
+        run_id: str,
+        checkpoint_id: str | None,
+        entries: Sequence[Entry],
+        live: Live | None,
+        inbox: Sequence[InboxSignal] = (),
+        worker_id: str = "",
     ) -> None:
-        self.store = store
-        self._ending = ending  # called once, as the final commit starts
         self.definition = definition
-        self.run_id = claim.run_id
-        self.checkpoint_id = claim.checkpoint_id
-        self.lease: Lease = claim.lease
-        self._lease_seconds = lease_seconds
-        self._renew_every = renew_every
-        self._claim_now = claim.now
-        self._t0 = claim.received
-        entries = [
-            Entry(row.seq, row.at, decode_event(row.body, where=f"{claim.run_id}#{row.seq}"))
-            for row in claim.history
-        ]
+        self.run_id = run_id
+        self.checkpoint_id = checkpoint_id
+        self._live = live
         self.replayer = Replayer(entries)
         self.revision = self.replayer.revision
         usage = fold(entries).usage
-        self.usage = _Usage(usage.steps, usage.effect_attempts, usage.retries, usage.cost_units)
-        self._inbox: list[InboxSignal] = list(claim.inbox)
-        self._pending: list[AnyEvent] = []
-        self._consumed: list[str] = []
-        self._lock = asyncio.Lock()
-        self._halt: _Halt | None = None
-        self._closed = False
+        recoveries = live.recoveries if live is not None else 0
+        # invariant: usage only grows; a recovery repeated whatever was in flight, so it counts as a step
+        self.usage = Usage(usage.steps + recoveries, usage.effect_attempts, usage.retries, usage.cost_units)
+        self._recorded_result = [e.event for e in entries if isinstance(e.event, RunCompleted)]
+        self._inbox: list[InboxSignal] = sorted(inbox, key=lambda s: s.received_at)
+        self._calls: dict[str, Call] = {}
+        self._open: list[Call] = []  # calls that progress live, in registration order
+        self._replaying = True
+        self._cursor = 0  # into replayer.resolutions
+        self._resolutions: deque[tuple[Call, Any, BaseException | None]] = deque()
+        self._buffer: list[AnyEvent] = []  # recorded with the next commit
+        self._consumed: list[str] = []  # signal ids, consumed with the next commit
+        # events that must be durable before their action runs: (events, action after the commit)
+        self._outbox: list[tuple[list[AnyEvent], Callable[[], None]]] = []
+        self._bodies: set[asyncio.Task[Any]] = set()
+        self._finished: list[tuple[Call, asyncio.Task[Any], str]] = []
+        self._failure: tuple[str, BaseException | None, str] | None = None  # reason, exception, call key
+        self._divergence: NondeterminismError | None = None
         self._lost: str | None = None
-        self._inflight = 0
-        self._drained = asyncio.Event()
-        self._drained.set()
-        self._tasks: set[asyncio.Future[Any]] = set()
-        self._visits_before_settle = 0
-        self.log = log.bind(run_id=self.run_id, checkpoint_id=self.checkpoint_id, worker_id=worker_id)
+        self._store_error: StoreError | None = None
+        self._closing = False
+        self._woken = False
+        self._waiter: asyncio.Future[None] | None = None
+        self.report = ReplayReport(run_id)
+        self.log = log.bind(run_id=run_id, checkpoint_id=checkpoint_id, worker_id=worker_id)
 
-    # -- Driver protocol: clock, tracking -----------------------------------
+    def call_returns(self, key: str) -> Any | None:
+        """The annotated return type of the call workflow code made under ``key`` (None: it made none)."""
+        call = self._calls.get(key)
+        return None if call is None else call.returns
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def live(
+        cls, store: WorkflowStore, claim: Any, definition: WorkflowDefinition, entries: Sequence[Entry],
+        worker_id: str, lease_seconds: float, renew_every: float,
+    ) -> Execution:
+        """An execution of a claimed run."""
+        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries)
+        return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id)
+
+    # -- what WorkflowContext and the decorators call (the Driver protocol) ---------------
 
     def store_time(self) -> float:
-        """The store's clock, extrapolated from the claim with a monotonic clock."""
-        return self._claim_now + (time.monotonic() - self._t0)
-
-    def track(self, task: asyncio.Future[Any]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    # -- halting ------------------------------------------------------------
-
-    def _stop(self, halt: _Halt) -> _Halt:
-        self._halt = halt if self._halt is None else self._halt.merge(halt)
-        return halt
-
-    def _diverged(self, exc: NondeterminismError) -> _Halt:
-        return self._stop(_Halt(_Kind.DIVERGED, reason=str(exc), key=exc.key))
-
-    def _fail(self, exc: RunifoldError, key: str = "") -> _Halt:
-        return self._stop(_Halt(_Kind.FAIL, reason=str(exc), key=key))
-
-    def _visit(self, key: str, kind: CallKind, scope: Scope) -> list[AnyEvent]:
-        if self._closed or self._lost is not None:
-            raise _Abandoned()  # the run is stopping: start nothing new
-        try:
-            return self.replayer.visit(key, kind)
-        except NondeterminismError as exc:
-            raise self._diverged(exc) from None
-
-    def _replayed(self, key: str, value: Any, type_: Any) -> Any:
-        try:
-            return convert(value, type_, what=key)
-        except SerializationError as exc:
-            raise self._diverged(NondeterminismError(key, "a value of another type", f"{type_!r}", str(exc))) from None
-
-    async def _before_live(self, key: str, kind: CallKind, requires: str | None, *, counts: bool = True) -> None:
-        """Checks before anything runs live: history fully replayed, grants, budget."""
-        if self.replayer.first_unvisited() is not None:
-            await self._settle()
-            try:
-                self.replayer.check_all_visited(f"{kind} {key}")
-            except NondeterminismError as exc:
-                raise self._diverged(exc) from None
-        if self._closed or self._lost is not None:
-            raise _Abandoned()
-        if requires is not None and not self.definition.capabilities.allows(requires):
-            raise self._fail(CapabilityDeniedError(key, requires), key)
-        budget = self.definition.budget
-        if not counts:
-            return
-        if budget.max_elapsed is not None:
-            elapsed = self.store_time() - self.replayer.started_at
-            if elapsed > budget.max_elapsed.total_seconds():
-                raise self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.max_elapsed.total_seconds()), key)
-        if kind is CallKind.STEP and budget.max_steps is not None and self.usage.steps + 1 > budget.max_steps:
-            raise self._fail(BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps), key)
-        if (
-            kind is CallKind.EFFECT
-            and budget.max_effect_attempts is not None
-            and self.usage.effect_attempts + 1 > budget.max_effect_attempts
-        ):
-            raise self._fail(
-                BudgetExceededError("effect attempts", self.usage.effect_attempts + 1, budget.max_effect_attempts), key
-            )
-
-    async def _settle(self) -> None:
-        """Let concurrent branches replay their recorded calls before judging divergence."""
-        quiet = 0
-        for _ in range(64):
-            before = self.replayer.visited
-            await asyncio.sleep(0)
-            quiet = quiet + 1 if self.replayer.visited == before else 0
-            if quiet >= 3 or self.replayer.first_unvisited() is None:
-                return
-
-    # -- commits --------------------------------------------------------------
-
-    async def _commit(self, events: list[AnyEvent], transition: Transition = Continue()) -> None:
-        async with self._lock:
-            if self._lost is not None:
-                raise _Abandoned()
-            batch = self._pending + events
-            consumed = list(self._consumed)
-            rows = [EventRow.of(e) for e in batch]
-            # invariant: tasks the store creates get no scope, or they would shift the keys of workflow tasks
-            token = current.set(None)
-            try:
-                result = await self.store.commit(self.lease, self.revision, rows, transition, consumed)
-            except LeaseLostError as exc:
-                self._lose(str(exc))
-                raise _Abandoned() from None
-            except StoreUnavailableError as exc:
-                # the commit's outcome is unknown: the run is taken over when the lease expires
-                self._lose(f"store unavailable: {exc}")
-                raise _Abandoned() from None
-            finally:
-                current.reset(token)
-            first = self.revision + 1
-            self.revision = result.revision
-            self.replayer.extend(Entry(first + i, result.at, e) for i, e in enumerate(batch))
-            self._pending.clear()
-            self._consumed.clear()
-
-    def _lose(self, detail: str) -> None:
-        if self._lost is None:
-            self._lost = detail
-            self.log.warning("lease_lost", detail=detail)
-            for task in list(self._tasks):
-                task.cancel()
-
-    async def _run_body(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None = None) -> Any:
-        # invariant: bodies run without a binding, so tasks they create get no scope
-        token = current.set(None)
-        self._inflight += 1
-        self._drained.clear()
-        try:
-            if timeout is None:
-                return await fn(*args, **kwargs)
-            async with asyncio.timeout(timeout):
-                return await fn(*args, **kwargs)
-        finally:
-            current.reset(token)
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._drained.set()
-
-    def _retry_or_final(self, retry: RetryPolicy, attempt: int) -> float | None:
-        """Return when the next attempt may run, or None when the failure is final."""
-        max_retries = self.definition.budget.max_retries
-        if attempt >= retry.max_attempts or (max_retries is not None and self.usage.retries + 1 > max_retries):
-            return None
-        return self.store_time() + retry.backoff(attempt + 1)
-
-    # -- steps ----------------------------------------------------------------
+        """The store's clock: the claim's reading plus the time elapsed here since (monotonic)."""
+        if self._live is None:
+            return time.time()
+        return self._live.store_now + (time.monotonic() - self._live.claimed_at)
 
     async def call_step(self, spec: StepSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        key = scope.key(spec.id)
-        state = step_state(self._visit(key, CallKind.STEP, scope))
-        match state:
-            case Done(output=output):
-                return self._replayed(key, output, spec.returns.get())
-            case Failed(error=error, attempts=attempts):
-                raise StepFailedError(key, error, attempts)
-            case RetryDue(attempt=attempt) | Fresh(attempt=attempt):
-                pass
-            case _ as unreachable:
-                assert_never(unreachable)
-        await self._before_live(key, CallKind.STEP, spec.requires)
-        self.usage.steps += 1
-        try:
-            output = await self._run_body(spec.fn, args, kwargs)
-        except Exception as exc:
-            error = describe(exc)
-            retry_at = self._retry_or_final(spec.retry, attempt)
-            self.log.info("step_failed", key=key, attempt=attempt, error=error, retry_at=retry_at)
-            if retry_at is not None:
-                self.usage.retries += 1
-                raise self._stop(_Halt(
-                    _Kind.RESCHEDULE, [StepFailed(key=key, error=error, attempt=attempt, retry_at=retry_at)],
-                    wake_at=retry_at, reason=f"step {key} attempt {attempt} failed: {error}", key=key, attempt=attempt + 1,
-                )) from None
-            await self._commit([StepFailed(key=key, error=error, attempt=attempt)])
-            raise StepFailedError(key, error, attempt) from exc
-        try:
-            plain = to_plain(output, what=f"the output of step {key}")
-        except SerializationError as exc:
-            raise self._fail(exc, key) from None
-        await self._commit([StepCompleted(key=key, output=plain, attempt=attempt)])
-        self.log.debug("step_completed", key=key, revision=self.revision)
-        return output
-
-    # -- effects ----------------------------------------------------------------
+        call = self._register(scope.key(spec.id), CallKind.STEP, spec.returns.get(), spec=spec, args=args, kwargs=kwargs)
+        return await call.future
 
     async def call_effect(self, spec: EffectSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        key = scope.key(spec.id)
-        state = effect_state(self._visit(key, CallKind.EFFECT, scope))
-        idempotency_key = f"{self.run_id}:{key}"
-        recovering = isinstance(state, InDoubt)
-        while True:
-            match state:
-                case Done(output=output):
-                    return self._replayed(key, output, spec.returns.get())
-                case Failed(error=error):
-                    raise EffectFailedError(key, error)
-                case Ambiguous(reason=reason):
-                    raise self._stop(_Halt(_Kind.PARK, reason=f"effect {key} is ambiguous: {reason}", key=key))
-                case InDoubt(attempt=attempt):
-                    state = await self._resolve_in_doubt(spec, key, attempt, idempotency_key, args, kwargs, recovering)
-                case RetryDue(attempt=attempt) | Fresh(attempt=attempt):
-                    state = await self._run_effect(spec, key, attempt, idempotency_key, args, kwargs)
-                    recovering = False
-                case _ as unreachable:
-                    assert_never(unreachable)
+        call = self._register(scope.key(spec.id), CallKind.EFFECT, spec.returns.get(), spec=spec, args=args, kwargs=kwargs)
+        return await call.future
 
-    async def _run_effect(
-        self, spec: EffectSpec, key: str, attempt: int, idem: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Done | Failed | InDoubt:
-        await self._before_live(key, CallKind.EFFECT, spec.requires)
-        self.usage.effect_attempts += 1
-        # invariant: effect_started is durable before the body can touch the outside world
-        await self._commit([EffectStarted(key=key, idempotency_key=idem, attempt=attempt)])
-        timeout = None if spec.timeout is None else spec.timeout.total_seconds()
-        try:
-            output = await self._run_body(spec.fn, (idem, *args), kwargs, timeout)
-        except _UNKNOWN_OUTCOME as exc:
-            self.log.warning("effect_outcome_unknown", key=key, attempt=attempt, error=describe(exc))
-            return InDoubt(attempt, idem)
-        except Exception as exc:
-            error = describe(exc)
-            retry_at = self._retry_or_final(spec.retry, attempt)
-            if retry_at is not None:
-                self.usage.retries += 1
-                raise self._stop(_Halt(
-                    _Kind.RESCHEDULE, [EffectFailed(key=key, error=error, attempt=attempt, retry_at=retry_at)],
-                    wake_at=retry_at, reason=f"effect {key} attempt {attempt} failed: {error}", key=key, attempt=attempt + 1,
-                )) from None
-            await self._commit([EffectFailed(key=key, error=error, attempt=attempt)])
-            return Failed(error, attempt)
-        try:
-            plain = to_plain(output, what=f"the result of effect {key}")
-        except SerializationError as exc:
-            raise self._fail(exc, key) from None
-        await self._commit([EffectCompleted(key=key, output=plain, attempt=attempt)])
-        return Done(plain)
+    async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
+        fire_at = until if until is not None else self.store_time() + (delay or 0.0)
+        await self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at).future
 
-    async def _resolve_in_doubt(
-        self, spec: EffectSpec, key: str, attempt: int, idem: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-        recovering: bool,
-    ) -> Done | Fresh:
-        """Apply the effect's resume policy to an outcome nobody knows."""
-        match spec.resume:
-            case ResumePolicy.REPEAT:
-                if attempt >= spec.retry.max_attempts:
-                    raise self._park(key, f"outcome unknown after {attempt} attempt(s) with policy REPEAT")
-                if recovering:
-                    return Fresh(attempt + 1)
-                at = self.store_time() + spec.retry.backoff(attempt + 1)
-                raise self._stop(_Halt(_Kind.RESCHEDULE, wake_at=at, key=key, attempt=attempt + 1,
-                                       reason=f"effect {key} outcome unknown; repeating with the same key"))
-            case ResumePolicy.MANUAL:
-                raise self._park(key, "outcome unknown and the resume policy is MANUAL")
-            case ResumePolicy.RECONCILE:
-                assert spec.reconcile is not None
-                await self._before_live(key, CallKind.EFFECT, None, counts=False)
-                try:
-                    evidence = await self._run_body(spec.reconcile, (idem, *args), kwargs)
-                except Exception as exc:
-                    evidence = Evidence.unknown(f"reconcile raised {describe(exc)}")
-                if not isinstance(evidence, Evidence):
-                    evidence = Evidence.unknown(f"reconcile returned {type(evidence).__name__}, not Evidence")
-                self.log.info("effect_reconciled", key=key, verdict=evidence.verdict, detail=evidence.detail)
-                if evidence.verdict == Verdict.APPLIED:
-                    try:
-                        plain = to_plain(evidence.result, what=f"the evidence result of effect {key}")
-                    except SerializationError as exc:
-                        raise self._fail(exc, key) from None
-                    await self._commit([EffectReconciled(key=key, verdict=Verdict.APPLIED, output=plain, detail=evidence.detail)])
-                    return Done(plain)
-                if evidence.verdict == Verdict.NOT_APPLIED:
-                    not_applied = EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)
-                    if attempt >= spec.retry.max_attempts:
-                        raise self._park(key, f"not applied after {attempt} attempt(s) with unknown outcomes", [not_applied])
-                    self._pending.append(not_applied)
-                    if recovering:
-                        return Fresh(attempt + 1)
-                    at = self.store_time() + spec.retry.backoff(attempt + 1)
-                    raise self._stop(_Halt(_Kind.RESCHEDULE, wake_at=at, key=key, attempt=attempt + 1,
-                                           reason=f"effect {key} was not applied; trying again"))
-                raise self._park(key, f"reconcile found no evidence either way: {evidence.detail}",
-                                 [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=evidence.detail)])
-            case _ as unreachable:
-                assert_never(unreachable)
-
-    def _park(self, key: str, reason: str, events: list[AnyEvent] | None = None) -> _Halt:
-        self.log.warning("effect_ambiguous", key=key, reason=reason)
-        return self._stop(_Halt(_Kind.PARK, [*(events or []), EffectAmbiguous(key=key, reason=reason)],
-                                reason=f"effect {key} is ambiguous: {reason}", key=key))
-
-    # -- recorded values and usage ---------------------------------------------
+    async def wait_signal(self, scope: Scope, name: str, timeout: float | None) -> Any:
+        deadline = None if timeout is None else self.store_time() + timeout
+        return await self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, Any, name=name, due=deadline).future
 
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         key = scope.key(kind)
-        events = self._visit(key, CallKind.VALUE, scope)
+        events = self._visit(key, CallKind.VALUE)
         if events:
             event = events[0]
             assert isinstance(event, ValueRecorded)
             return event.value
         value = make()
-        self._pending.append(ValueRecorded(key=key, value=value))
+        self._buffer.append(ValueRecorded(key=key, value=value))
         return value
 
     def charge(self, scope: Scope, units: float) -> None:
         key = scope.key("charge")
-        if self._visit(key, CallKind.CHARGE, scope):
+        if self._visit(key, CallKind.CHARGE):
             return
         budget = self.definition.budget.max_cost_units
         if budget is not None and self.usage.cost_units + units > budget:
-            raise self._fail(BudgetExceededError("cost units", self.usage.cost_units + units, budget), key)
-        self.usage.cost_units += units
-        self._pending.append(UsageCharged(key=key, units=units))
-
-    # -- waits ---------------------------------------------------------------------
-
-    async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
-        key = scope.key("sleep")
-        state = timer_state(self._visit(key, CallKind.TIMER, scope))
-        match state:
-            case TimerDone():
-                return
-            case TimerPending(fire_at=fire_at):
-                pass
-            case Fresh():
-                await self._before_live(key, CallKind.TIMER, None)
-                fire_at = until if until is not None else self.store_time() + (delay or 0.0)
-                self._pending.append(TimerStarted(key=key, fire_at=fire_at))
-            case _ as unreachable:
-                assert_never(unreachable)
-        # invariant: a timer fires on the store's clock, never before fire_at
-        if self.store_time() >= fire_at:
-            self._pending.append(TimerFired(key=key, fired_at=self.store_time()))
+            self._fail(BudgetExceededError("cost units", self.usage.cost_units + units, budget), key)
             return
-        raise self._stop(_Halt(_Kind.WAIT, wake_at=fire_at, key=key, reason=f"timer {key}"))
+        self.usage.cost_units += units
+        self._buffer.append(UsageCharged(key=key, units=units))
 
-    async def wait_signal(self, scope: Scope, name: str, timeout: float | None) -> Any:
-        key = scope.key(f"wait.{name}")
-        state = wait_state(self._visit(key, CallKind.SIGNAL, scope))
-        match state:
-            case WaitReceived(payload=payload):
-                return payload
-            case WaitTimedOut():
-                raise WaitTimeoutError(key, name)
-            case WaitPending(deadline=deadline):
-                pass
-            case Fresh():
-                await self._before_live(key, CallKind.SIGNAL, None)
-                deadline = None if timeout is None else self.store_time() + timeout
-                self._pending.append(SignalWaitStarted(key=key, name=name, deadline=deadline))
+    # -- registration ---------------------------------------------------------------------
+
+    def _visit(self, key: str, kind: CallKind) -> list[AnyEvent]:
+        if self._closing:
+            raise asyncio.CancelledError()  # the run is suspended or over: nothing runs, nothing is recorded
+        if self._divergence is not None:
+            return []
+        try:
+            return self.replayer.visit(key, kind)
+        except NondeterminismError as exc:
+            self._divergence = exc
+            return []
+
+    def _register(self, key: str, kind: CallKind, returns: Any, **fields: Any) -> Call:
+        """Register a call made by workflow code; its future is resolved by the driver only."""
+        events = self._visit(key, kind)
+        call = Call(key, kind, self._loop.create_future(), returns, context=contextvars.copy_context(), **fields)
+        if self._divergence is not None:
+            return call  # never resolved: the driver ends the execution
+        self._calls[key] = call
+        opened = self._classify(call, events)
+        if opened:
+            self._open.append(call)
+        return call
+
+    def _classify(self, call: Call, events: list[AnyEvent]) -> bool:
+        """Take a call's state from its recorded events; True if it progresses live (else replay answers it)."""
+        key = call.key
+        match call.kind:
+            case CallKind.STEP:
+                state = step_state(events)
+                match state:
+                    case Done() | Failed():
+                        return False
+                    case RetryDue(attempt=attempt, retry_at=retry_at):
+                        call.attempt, call.due = attempt, retry_at
+                    case Fresh(attempt=attempt):
+                        call.attempt = attempt
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.EFFECT:
+                effect = effect_state(events)
+                match effect:
+                    case Done() | Failed():
+                        return False
+                    case Ambiguous(reason=reason, attempt=attempt):
+                        call.parked, call.attempt = reason, attempt
+                    case InDoubt(attempt=attempt):
+                        call.in_doubt, call.recovering, call.attempt = True, True, attempt
+                    case RetryDue(attempt=attempt, retry_at=retry_at):
+                        call.attempt, call.due = attempt, retry_at
+                    case Fresh(attempt=attempt):
+                        call.attempt = attempt
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.TIMER:
+                timer = timer_state(events)
+                match timer:
+                    case TimerDone():
+                        return False
+                    case TimerPending(fire_at=fire_at):
+                        call.due = fire_at
+                    case Fresh():
+                        assert call.due is not None
+                        self._buffer.append(TimerStarted(key=key, fire_at=call.due))
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.SIGNAL:
+                wait = wait_state(events)
+                match wait:
+                    case WaitReceived() | WaitTimedOut():
+                        return False
+                    case WaitPending(deadline=deadline):
+                        call.due = deadline
+                    case Fresh():
+                        self._buffer.append(SignalWaitStarted(key=key, name=call.name, deadline=call.due))
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.VALUE | CallKind.CHARGE:
+                raise AssertionError("values and charges are answered at the call")
             case _ as unreachable:
                 assert_never(unreachable)
-        for signal in self._inbox:
-            if signal.name == name:
-                self._inbox.remove(signal)
-                self._consumed.append(signal.signal_id)
-                self._pending.append(SignalReceived(
-                    key=key, name=name, payload=signal.payload, signal_id=signal.signal_id,
-                    sender=signal.sender, reason=signal.reason, received_at=signal.received_at,
-                ))
-                self.log.info("signal_consumed", key=key, signal_id=signal.signal_id, sender=signal.sender)
-                return signal.payload
-        if deadline is not None and self.store_time() >= deadline:
-            self._pending.append(SignalTimedOut(key=key, name=name))
-            raise WaitTimeoutError(key, name)
-        raise self._stop(_Halt(_Kind.WAIT, wake_at=deadline, signals=(name,), key=key, reason=f"signal {name!r}"))
+        return True
 
-    # -- the run --------------------------------------------------------------------
+    # -- the drive loop -------------------------------------------------------------------
 
     async def run(self) -> Outcome:
-        """Replay and continue the run; return what happened."""
-        if time.monotonic() - self._t0 >= self._renew_every:
-            # a claim made ahead waited for its slot's previous run, maybe past its lease, and another
-            # worker may hold the run now: renew before anything runs live, or run nothing
+        """Replay and continue the run; return what happened.
+
+        Raises:
+            StoreError: the store failed (nothing of this execution after its last
+                commit was written; the run is handed back or taken over when its
+                lease expires).
+        """
+        assert self._live is not None
+        live = self._live
+        if time.monotonic() - live.claimed_at >= live.renew_every:
+            # the claim waited (behind a busy event loop, a slow start): another worker may hold the run by
+            # now, so renew before anything of it runs, or run nothing
             try:
-                self.lease = await self.store.renew(self.lease, self._lease_seconds)
+                await self._renew(live)
             except LeaseLostError as exc:
-                self._lose(f"the claim waited {time.monotonic() - self._t0:.1f} s before it was driven: {exc}")
-                return LeaseLost(self.run_id, self.checkpoint_id, self._lost or str(exc))
-        loop = asyncio.get_running_loop()
-        install_scoped_task_factory(loop)
-        try:
-            kwargs = bind_input(self.definition, dict(self.replayer.started.input))
-        except RunifoldError as exc:
-            return await self._finish_failed(str(exc))
-        root_ctx = contextvars.copy_context()
-        root_ctx.run(current.set, Binding(self, Scope()))
-        ctx = WorkflowContext(self)
-        root: asyncio.Task[Any] = asyncio.Task(_call(self.definition, ctx, kwargs), loop=loop, context=root_ctx)
-        self.track(root)
-        renewer = asyncio.create_task(self._renew_loop(), context=contextvars.Context())
+                return LeaseLost(self.run_id, self.checkpoint_id, f"the claim waited too long: {exc}")
+        renewer = asyncio.create_task(self._renew_loop(live), context=contextvars.Context())
         try:
             try:
-                await asyncio.wait({root})
+                if not self._start():
+                    return await self._finish_failed(self._failure)
+                outcome = await self._drive()
+                assert outcome is not None
+                return outcome
+            except _Stop:
+                await self._halt_bodies()
+                if self._store_error is not None:
+                    await self._release(live)
+                    raise self._store_error from None
+                return LeaseLost(self.run_id, self.checkpoint_id, self._lost or "lease lost")
             except asyncio.CancelledError:
-                # the worker itself is being cancelled: stop the run and hand it back at once
-                self._lose("worker cancelled")
-                await self._cleanup()
-                await asyncio.shield(self.store.release(self.lease))
+                # the worker itself is being cancelled: stop and hand the run back at once
+                self._closing = True
+                await self._halt_bodies()
+                await self._release(live)
                 raise
-            self._closed = True
-            await self._drained.wait()
-            await self._cleanup()
         finally:
+            self._teardown()
             renewer.cancel()
             # invariant: no task of this run outlives run_once()
             await asyncio.gather(renewer, return_exceptions=True)
-        return await self._finish(root)
 
-    async def _cleanup(self) -> None:
-        pending = [t for t in self._tasks if not t.done()]
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+    async def replay(self) -> ReplayReport:
+        """Replay the history with no store and no bodies; report where code and history part, if they do."""
+        assert self._live is None
+        try:
+            if self._start():
+                await self._drive()
+        finally:
+            self._teardown()
+        report = self.report
+        report.divergence = self._divergence
+        if report.divergence is None:
+            pending = [c.key for c in self._open if not c.future.done()]
+            report.stopped_at = pending[0] if pending else None
+            root = self._root
+            if root is not None and root.done():
+                report.finished = True
+                if root.cancelled():
+                    report.error = "the workflow's task was cancelled"
+                elif root.exception() is not None:
+                    report.error = describe(root.exception())  # type: ignore[arg-type]
+                else:
+                    self._check_result(root.result())
+        return report
 
-    async def _renew_loop(self) -> None:
+    def _start(self) -> bool:
+        """Create the workflow loop and the root task; False if the recorded input does not fit."""
+        self._outer = asyncio.get_running_loop()
+        self._loop = WorkflowLoop(self._outer, self._wake_up)  # type: ignore[abstract]  # the I/O half is refused
+        self._root: asyncio.Task[Any] | None = None
+        try:
+            kwargs = bind_input(self.definition, dict(self.replayer.started.input))
+        except RunifoldError as exc:
+            if self._live is None:
+                self._divergence = NondeterminismError(
+                    "(input)", "the recorded input", "a signature it does not fit", str(exc))
+            else:
+                self._fail(exc, "")
+            return False
+        self._root = self._loop.start(self._workflow(kwargs), Binding(self, Scope()))
+        return True
+
+    async def _workflow(self, kwargs: dict[str, Any]) -> Any:
+        return await self.definition.fn(WorkflowContext(self), **kwargs)
+
+    async def _drive(self) -> Outcome | None:
+        """Run workflow code and the history to the run's next transition (None: the debugger's replay ended)."""
+        loop = self._loop
+        root = self._root
+        assert root is not None
         while True:
-            await asyncio.sleep(self._renew_every)
+            loop.run_ready()
+            if self._divergence is not None:
+                return await self._finish_diverged()
+            if self._lost is not None:
+                raise _Stop()
+            if self._resolutions:
+                self._deliver_next()
+                continue
+            if self._replaying:
+                if self._replay_next():
+                    continue
+                if loop.waiting_in_real_time:
+                    await self._wait(None)
+                    continue
+                self._divergence = self._stuck()
+                continue
+            if self._live is None:
+                return None  # the debugger stops where the history ends
+            self._collect_finished()
+            if self._resolutions:
+                continue
+            if self._outbox:
+                await self._commit()
+                continue
+            if self._failure is None and not root.done():
+                self._advance()
+                if self._resolutions or self._outbox or loop.has_ready:
+                    continue
+            if self._bodies or (loop.waiting_in_real_time and not root.done()):
+                await self._wait(self._next_due())
+                continue
+            if self._failure is not None:
+                return await self._finish_failed(self._failure)
+            if root.done():
+                return await self._finish_root(root)
+            return await self._suspend()
+
+    # -- replay ---------------------------------------------------------------------------------
+
+    def _replay_next(self) -> bool:
+        """Queue the next recorded outcome if its call is registered; end replay when all are handed out."""
+        resolutions = self.replayer.resolutions
+        while self._cursor < len(resolutions):
+            call = self._calls.get(resolutions[self._cursor])
+            if call is None:
+                return False  # workflow code has not reached it (yet)
+            self._cursor += 1
+            if call.future.done():
+                continue  # workflow code stopped waiting for it (cancelled): nothing to hand over
+            value, error = self._recorded_outcome(call)
+            if self._divergence is not None:
+                return True
+            self._resolutions.append((call, value, error))
+            return True
+        if self.replayer.first_unvisited() is not None:
+            return False
+        self._replaying = False
+        if self._live is not None:
+            self._check_recoveries()
+        return True
+
+    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None]:
+        key = call.key
+        events = self.replayer.events(key)
+        steps = self.report.steps
+        match call.kind:
+            case CallKind.STEP | CallKind.EFFECT:
+                state = step_state(events) if call.kind is CallKind.STEP else effect_state(events)
+                if isinstance(state, Done):
+                    steps.append((key, "replayed"))
+                    return self._converted(call, state.output), None
+                assert isinstance(state, Failed)
+                steps.append((key, "failed"))
+                if call.kind is CallKind.STEP:
+                    failed = [e for e in events if isinstance(e, StepFailed)]
+                    return None, StepFailedError(key, state.error, state.attempts, failed[-1].error_type if failed else "")
+                return None, EffectFailedError(key, state.error)
+            case CallKind.TIMER:
+                steps.append((key, "timer fired"))
+                return None, None
+            case CallKind.SIGNAL:
+                wait = wait_state(events)
+                if isinstance(wait, WaitReceived):
+                    steps.append((key, "signal received"))
+                    return self._converted(call, wait.payload), None
+                steps.append((key, "wait timed out"))
+                return None, WaitTimeoutError(key, call.name)
+            case _:
+                raise AssertionError(f"{call.kind} calls are not resolved by replay")
+
+    def _converted(self, call: Call, plain: Any) -> Any:
+        try:
+            return convert(plain, call.returns, what=call.key)
+        except SerializationError as exc:
+            self._divergence = NondeterminismError(
+                call.key, "a value of another type", f"a call returning {call.returns!r}", str(exc))
+            return None
+
+    def _stuck(self) -> NondeterminismError:
+        """The divergence when workflow code is idle and a recorded call is still unreached."""
+        resolutions = self.replayer.resolutions
+        missing = resolutions[self._cursor] if self._cursor < len(resolutions) else self.replayer.first_unvisited()
+        assert missing is not None
+        root = self._root
+        if root is not None and root.done():
+            doing = "the workflow had finished"
+        else:
+            waiting = [c.key for c in self._open if not c.future.done()]
+            doing = f"the workflow waits for {', '.join(waiting[:3])}" if waiting else "the workflow is blocked"
+        return self.replayer.missing(missing, f"no call to it: {doing}")
+
+    # -- handing outcomes to workflow code ----------------------------------------------------
+
+    def _deliver_next(self) -> None:
+        call, value, error = self._resolutions.popleft()
+        if call.future.done():
+            return
+        if error is not None:
+            call.future.set_exception(error)
+        else:
+            call.future.set_result(value)
+
+    # -- commits -------------------------------------------------------------------------------------
+
+    async def _commit(self, transition: Transition = Continue()) -> None:
+        """Commit the buffer and the outbox; run the outbox's actions after. Raises _Stop on failure."""
+        live = self._live
+        assert live is not None
+        buffered, outbox, consumed = len(self._buffer), list(self._outbox), list(self._consumed)
+        events = self._buffer[:buffered] + [event for batch, _ in outbox for event in batch]
+        rows = [EventRow.of(event) for event in events]
+        # invariant: tasks the store creates get no binding, or they would take scopes of workflow tasks
+        token = current.set(None)
+        try:
+            result = await live.store.commit(live.lease, self.revision, rows, transition, consumed)
+        except LeaseLostError as exc:
+            self._lose(str(exc))
+            raise _Stop() from None
+        except StoreError as exc:
+            self.log.warning("commit_failed", error=str(exc))
+            self._store_error = exc
+            raise _Stop() from None
+        finally:
+            current.reset(token)
+        self.revision = result.revision
+        # invariant: exactly what was committed leaves the buffers; anything added meanwhile stays for the next
+        del self._buffer[:buffered]
+        del self._outbox[: len(outbox)]
+        del self._consumed[: len(consumed)]
+        for _, action in outbox:
+            action()
+
+    def _lose(self, detail: str) -> None:
+        if self._lost is None:
+            self._lost = detail
+            self.log.warning("lease_lost", detail=detail)
+            self._wake_up()
+
+    # -- endings -------------------------------------------------------------------------------------
+
+    async def _finish_root(self, root: asyncio.Task[Any]) -> Outcome:
+        if root.cancelled():
+            return await self._finish_failed(("the workflow's task was cancelled", None, ""))
+        exc = root.exception()
+        if exc is not None:
+            key = exc.key if isinstance(exc, (StepFailedError, EffectFailedError)) else ""
+            return await self._finish_failed((f"workflow raised {describe(exc)}", exc, key))
+        try:
+            plain, output = record(root.result(), self.definition.spec.returns.get(), what="the workflow")
+        except SerializationError as err:
+            return await self._finish_failed((str(err), err, ""))
+        self._buffer.append(RunCompleted(output=plain))
+        await self._commit(Finish(RunStatus.COMPLETED))
+        self.log.info("run_completed", revision=self.revision)
+        return Completed(self.run_id, self.checkpoint_id, output, self.revision)
+
+    async def _finish_failed(self, failure: tuple[str, BaseException | None, str] | None) -> Outcome:
+        assert failure is not None
+        reason, exc, key = failure
+        error_type = "" if exc is None else type_name(exc)
+        tb = "" if exc is None or exc.__traceback__ is None else traceback_of(exc)
+        self._buffer.append(RunFailed(key=key, reason=reason, error_type=error_type, traceback=tb))
+        await self._commit(Finish(RunStatus.FAILED, reason))
+        self.log.error("run_failed", reason=reason, error_type=error_type, revision=self.revision)
+        return FailedOutcome(self.run_id, self.checkpoint_id, reason)
+
+    async def _finish_diverged(self) -> Outcome:
+        divergence = self._divergence
+        assert divergence is not None
+        if self._live is None:
+            return FailedOutcome(self.run_id, self.checkpoint_id, str(divergence), run_failed=False)
+        # invariant: nothing is appended to a history the code no longer matches
+        self._buffer.clear()
+        self._outbox.clear()
+        self._consumed.clear()
+        at = self.store_time() + DIVERGED_RETRY_SECONDS
+        await self._commit(Suspend(RunStatus.DIVERGED, wake_at=at, reason=str(divergence)))
+        self.log.error("nondeterminism", key=divergence.key, reason=str(divergence))
+        return FailedOutcome(self.run_id, self.checkpoint_id, str(divergence), run_failed=False)
+
+    async def _suspend(self) -> Outcome:
+        """Workflow code is idle and nothing is due: commit the transition its open calls imply."""
+        pending = [c for c in self._open if not c.future.done()]
+        if not pending:
+            return await self._finish_failed((
+                "the workflow is blocked on something that is not a runifold call (an Event or a future "
+                "nothing will set); it can never continue", None, ""))
+        dues = [c.due for c in pending if c.due is not None and c.parked is None]
+        wake_at = min(dues) if dues else None
+        signals = tuple(sorted({c.name for c in pending if c.kind is CallKind.SIGNAL}))
+        waits = [c for c in pending if c.kind in (CallKind.TIMER, CallKind.SIGNAL)]
+        parked = [c for c in pending if c.parked is not None]
+        reason = "; ".join(why(c) for c in pending)
+        if waits:
+            await self._commit(Suspend(RunStatus.WAITING, wake_at, signals, reason))
+            kind = SuspendReason.SIGNAL if signals else SuspendReason.TIMER
+            self.log.info("run_suspended", reason=str(kind), until=wake_at, signals=signals)
+            return Suspended(self.run_id, self.checkpoint_id, kind, wake_at, signals, reason)
+        if wake_at is not None:
+            retry = min((c for c in pending if c.due is not None and c.parked is None), key=lambda c: c.due or 0.0)
+            await self._commit(Reschedule(wake_at, reason))
+            return Retried(self.run_id, self.checkpoint_id, retry.key, retry.attempt, wake_at, retry.error)
+        await self._commit(Suspend(RunStatus.PARKED, reason=reason))
+        assert parked
+        return Suspended(self.run_id, self.checkpoint_id, SuspendReason.AMBIGUOUS, None, (), reason)
+
+    def _check_result(self, output: Any) -> None:
+        """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""
+        returns = self.definition.spec.returns.get()
+        try:
+            _, replayed = record(output, returns, what="the workflow")
+        except SerializationError as exc:
+            self.report.divergence = NondeterminismError("(result)", "a recorded result", "a result", str(exc))
+            return
+        self.report.result = replayed
+        if not self._recorded_result:
+            return
+        recorded = self._recorded_result[-1].output
+        try:
+            same = convert(recorded, returns, what="the recorded result") == replayed
+        except SerializationError:
+            same = False
+        if not same:
+            self.report.divergence = NondeterminismError("(result)", f"result {recorded!r}", f"result {replayed!r}")
+
+    # -- waiting, renewal, teardown ----------------------------------------------------------------
+
+    def _next_due(self) -> float | None:
+        dues = [c.due for c in self._open if c.due is not None and not c.busy and c.parked is None
+                and not c.future.done()]
+        return min(dues) if dues else None
+
+    def _wake_up(self) -> None:
+        self._woken = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self, until: float | None) -> None:
+        """Wait for a body, a real-time wait of workflow code, the lease, or ``until`` (store clock)."""
+        if self._woken:
+            self._woken = False
+            return
+        waiter = self._waiter = self._outer.create_future()
+        timer = None if until is None else self._outer.call_later(
+            max(0.0, until - self.store_time()), _settle, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            self._woken = False
+            if timer is not None:
+                timer.cancel()
+
+    async def _renew(self, live: Live) -> None:
+        started = time.monotonic()
+        live.lease = await live.store.renew(live.lease, live.lease_seconds)
+        live.renewed_at = started
+
+    async def _renew_loop(self, live: Live) -> None:
+        # invariant: renewals are anchored to the claim (then to the last renewal), not to when this
+        # execution started: a claim that waited has used part of its lease already
+        while True:
+            await asyncio.sleep(max(0.0, live.renew_every - (time.monotonic() - live.renewed_at)))
             try:
-                self.lease = await self.store.renew(self.lease, self._lease_seconds)
+                await self._renew(live)
             except LeaseLostError as exc:
                 self._lose(str(exc))
                 return
             except RunifoldError as exc:
                 self.log.warning("lease_renewal_failed", error=str(exc))
+                live.renewed_at = time.monotonic() - 0.75 * live.renew_every  # try again soon
 
-    async def _finish(self, root: asyncio.Task[Any]) -> Outcome:
-        if not root.cancelled():
-            root.exception()  # mark it retrieved: a halt is reported through self._halt
-        if self._lost is not None:
-            return LeaseLost(self.run_id, self.checkpoint_id, self._lost)
-        if self._halt is None:
-            exc = None if root.cancelled() else root.exception()
-            if exc is None and not root.cancelled():
-                return await self._finish_completed(root.result())
-            if isinstance(exc, (_Halt, _Abandoned)):
-                return await self._finish_failed("workflow stopped without a recorded reason")
-            elif exc is not None:
-                self.log.info("workflow_raised", error=describe(exc))
-                return await self._finish_failed(f"workflow raised {describe(exc)}")
-            else:
-                return await self._finish_failed("workflow task was cancelled")
-        return await self._finish_halt(self._halt)
+    async def _halt_bodies(self) -> None:
+        self._closing = True
+        bodies = list(self._bodies)
+        for task in bodies:
+            task.cancel()
+        if bodies:
+            await asyncio.wait(bodies, timeout=_BODY_GRACE)
 
-    async def _final_commit(self, events: list[AnyEvent], transition: Transition) -> bool:
-        if self._ending is not None:
-            ending, self._ending = self._ending, None
-            ending()
+    async def _release(self, live: Live) -> None:
+        """Hand the run back untouched (best effort, bounded: a stalled store must not hold up a stop)."""
         try:
-            await self._commit(events, transition)
-        except _Abandoned:
-            return False
-        return True
+            await asyncio.wait_for(asyncio.shield(live.store.release(live.lease)), live.renew_every)
+        except (RunifoldError, TimeoutError) as exc:
+            self.log.warning("release_failed", error=str(exc))
 
-    async def _finish_completed(self, output: Any) -> Outcome:
-        try:
-            self.replayer.check_all_visited("the workflow's return")
-        except NondeterminismError as exc:
-            return await self._finish_halt(_Halt(_Kind.DIVERGED, reason=str(exc), key=exc.key))
-        try:
-            plain = to_plain(output, what="the workflow's return value")
-        except SerializationError as exc:
-            return await self._finish_failed(str(exc))
-        if not await self._final_commit([RunCompleted(output=plain)], Finish(RunStatus.COMPLETED)):
-            return LeaseLost(self.run_id, self.checkpoint_id, self._lost or "commit fenced off")
-        self.log.info("run_completed", revision=self.revision)
-        return Completed(self.run_id, self.checkpoint_id, output, self.revision)
+    def _teardown(self) -> None:
+        """Unwind workflow code after the run's last commit; durable calls made meanwhile raise CancelledError."""
+        self._closing = True
+        loop = getattr(self, "_loop", None)
+        if loop is None:
+            return
+        for task in list(loop.tasks):
+            task.cancel()
+        for _ in range(100):  # bounded: a task that swallows every cancellation is left behind
+            loop.run_ready()
+            if not loop.has_ready:
+                break
+        loop.close()
 
-    async def _finish_failed(self, reason: str) -> Outcome:
-        if not await self._final_commit([RunFailed(reason=reason)], Finish(RunStatus.FAILED, reason)):
-            return LeaseLost(self.run_id, self.checkpoint_id, self._lost or "commit fenced off")
-        self.log.info("run_failed", reason=reason, revision=self.revision)
-        return FailedOutcome(self.run_id, self.checkpoint_id, reason)
 
-    async def _finish_halt(self, halt: _Halt) -> Outcome:
-        lost = LeaseLost(self.run_id, self.checkpoint_id, self._lost or "commit fenced off")
-        match halt.kind:
-            case _Kind.DIVERGED:
-                # invariant: nothing is appended to a history the code no longer matches
-                self._pending.clear()
-                self._consumed.clear()
-                at = self.store_time() + DIVERGED_RETRY_SECONDS
-                if not await self._final_commit([], Reschedule(at, halt.reason)):
-                    return lost
-                self.log.error("nondeterminism", key=halt.key, reason=halt.reason)
-                return FailedOutcome(self.run_id, self.checkpoint_id, halt.reason, run_failed=False)
-            case _Kind.FAIL:
-                if not await self._final_commit([*halt.events, RunFailed(reason=halt.reason)], Finish(RunStatus.FAILED, halt.reason)):
-                    return lost
-                self.log.info("run_failed", reason=halt.reason, revision=self.revision)
-                return FailedOutcome(self.run_id, self.checkpoint_id, halt.reason)
-            case _Kind.PARK:
-                if not await self._final_commit(halt.events, Suspend(RunStatus.PARKED, reason=halt.reason)):
-                    return lost
-                return Suspended(self.run_id, self.checkpoint_id, SuspendReason.AMBIGUOUS, None, (), halt.reason)
-            case _Kind.RESCHEDULE:
-                assert halt.wake_at is not None
-                if not await self._final_commit(halt.events, Reschedule(halt.wake_at, halt.reason)):
-                    return lost
-                return Retried(self.run_id, self.checkpoint_id, halt.key, halt.attempt, halt.wake_at, halt.reason)
-            case _Kind.WAIT:
-                transition = Suspend(RunStatus.WAITING, halt.wake_at, halt.signals, halt.reason)
-                if not await self._final_commit(halt.events, transition):
-                    return lost
-                reason = SuspendReason.SIGNAL if halt.signals else SuspendReason.TIMER
-                self.log.info("run_suspended", reason=str(reason), until=halt.wake_at, signals=halt.signals)
-                return Suspended(self.run_id, self.checkpoint_id, reason, halt.wake_at, halt.signals, halt.reason)
-            case _ as unreachable:
-                assert_never(unreachable)
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

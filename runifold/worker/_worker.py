@@ -8,6 +8,7 @@ from typing import final
 from runifold._log import get_logger
 
 from runifold.errors import ConfigurationError, SerializationError
+from runifold.history import Entry, decode_event
 from runifold.stores import Claim, WorkflowStore
 from runifold.worker._execution import Execution
 from runifold.worker._outcome import DefinitionUnavailable, Idle, Outcome
@@ -79,8 +80,10 @@ class WorkflowWorker:
                      worker_id=str(self.worker_id))
             return DefinitionUnavailable(claim.run_id, claim.name, claim.version)
         try:
-            execution = Execution(self.store, claim, definition, str(self.worker_id), self.lease.seconds,
-                                  self.renew_every.total_seconds())
+            entries = [Entry(row.seq, row.at, decode_event(row.body, where=f"{claim.run_id}#{row.seq}"))
+                       for row in claim.history]
+            execution = Execution.live(self.store, claim, definition, entries, str(self.worker_id),
+                                       self.lease.seconds, self.renew_every.total_seconds())
         except SerializationError:
             await self.store.release(claim.lease)
             self._skip(claim.run_id)

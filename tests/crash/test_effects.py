@@ -11,6 +11,7 @@ import pytest
 
 from runifold import Resolution, RunStatus, WorkflowTask, open_store, resolve_effect
 from tests.crash.conftest import CrashEnv
+from tests.effects_app import registry as effects_registry
 from runifold.history import EffectResolved
 from tests.support import entries, event_types
 
@@ -95,7 +96,7 @@ async def test_reconcile_unknown_parks_until_an_operator_resolves(crash_env: Cra
     assert info.status is RunStatus.PARKED and "ambiguous" in info.reason
     assert last_line(crash_env, "worker-c", exit_idle=True) == "Idle"  # no worker touches a parked run
     (Path(crash_env.tmp) / "provider-down").unlink()
-    await resolve_effect(store, "o1", "charge_card#1", resolution, by="ops-oncall", reason="checked the provider console",
+    await resolve_effect(store, effects_registry, "o1", "charge_card#1", resolution, by="ops-oncall", reason="checked the provider console",
                          output={"charge_id": "ch_manual", "amount": 1250} if resolution is Resolution.APPLIED else None)
     assert last_line(crash_env, "worker-d") == "Completed"
     applied, calls = counts()

@@ -40,6 +40,7 @@ from tests.stores.test_waits import APPROVAL, envelope, gateway
 
 
 def workers(env: CrashEnv, count: int, app: str = "tests.crash.load_app:registry") -> list[subprocess.Popen[str]]:
+    env.uses(app)
     return [subprocess.Popen(
         [sys.executable, "-m", "runifold.cli", "--store", env.url, "--app", app, "worker", "--lease", "10",
          "--concurrency", "8", "--idle-wait", "0.2", "--worker-id", f"load-{i}"],

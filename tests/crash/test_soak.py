@@ -24,6 +24,7 @@ APP = "tests.crash.soak_app:registry"
 
 
 def spawn(env: CrashEnv, worker_id: str) -> subprocess.Popen[bytes]:
+    env.uses(APP)
     return subprocess.Popen(
         [sys.executable, "-m", "runifold.cli", "--store", env.url, "--app", APP, "worker", "--lease", "1",
          "--concurrency", "8", "--idle-wait", "0.1", "--worker-id", worker_id],

@@ -24,10 +24,12 @@ from runifold import (
     Retried,
     RetryPolicy,
     RunStatus,
+    SerializationError,
     Suspended,
     SuspendReason,
     WorkflowContext,
     WorkflowDefinition,
+    WorkflowRegistry,
     WorkflowTask,
     cancel_run,
     effect,
@@ -90,19 +92,19 @@ async def test_a_timeout_is_unknown_not_failed(store: Any) -> None:
     outcome = await worker(store, single(hangs_manual, "hang-manual")).run_once()
     assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS
     types = await event_types(store, "e1")
-    assert types == ["run_started", "effect_started", "effect_ambiguous"]
+    assert types == ["run_started", "effect_started", "effect_unknown", "effect_ambiguous"]
     assert (await store.get_run("e1")).status is RunStatus.PARKED
 
 
 async def test_repeated_timeouts_with_repeat_reuse_the_key_then_park(store: Any) -> None:
-    """REPEAT retries a timed-out call with the same key and parks it when attempts run out; nothing is marked failed."""
+    """REPEAT retries a timed-out call with the same key (at once: its backoff is zero) and parks it when attempts run out; nothing is marked failed."""
     definition = single(hangs_repeat, "hang-repeat")
     await store.enqueue(WorkflowTask("hang-repeat", 1, {}, checkpoint_id="e1"))
-    assert isinstance(await worker(store, definition).run_once(), Retried)
     parked = await worker(store, definition).run_once()
     assert isinstance(parked, Suspended) and parked.reason is SuspendReason.AMBIGUOUS
     assert calls["hangs"] == 2 and len(set(seen_keys)) == 1
-    assert "effect_failed" not in await event_types(store, "e1")
+    types = await event_types(store, "e1")
+    assert "effect_failed" not in types and types.count("effect_unknown") == 2
 
 
 async def test_a_lost_connection_goes_through_reconcile(store: Any) -> None:
@@ -121,10 +123,9 @@ async def declined(key: str) -> str:
 
 
 async def test_a_definite_failure_follows_the_retry_policy(store: Any) -> None:
-    """An exception the body raises on purpose is a failure: retried by policy, then EffectFailedError in the workflow."""
+    """An exception the body raises on purpose is a failure: retried by policy (at once: no backoff), then EffectFailedError in the workflow."""
     definition = single(declined, "declining")
     await store.enqueue(WorkflowTask("declining", 1, {}, checkpoint_id="e1"))
-    assert isinstance(await worker(store, definition).run_once(), Retried)
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output.startswith("failed: ValueError: card declined")
     assert calls["declined"] == 2
@@ -163,16 +164,33 @@ async def unsure(key: str) -> str:
 async def test_operator_resolution(store: Any, resolution: Resolution, expected: str) -> None:
     """Each resolution of an ambiguous effect resumes the run as its kind says, recorded with who and why."""
     definition = single(unsure, "unsure")
+    registry = WorkflowRegistry(definition)
     await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="e1"))
     assert isinstance(await worker(store, definition).run_once(), Suspended)
     assert isinstance(await worker(store, definition).run_once(), Idle)
     with pytest.raises(InvalidStateError, match="ambiguous effects: \\['unsure#1'\\]"):
-        await resolve_effect(store, "e1", "nope#1", resolution, by="ops", reason="x")
-    await resolve_effect(store, "e1", "unsure#1", resolution, by="ops", reason="checked", output="sent by hand")
+        await resolve_effect(store, registry, "e1", "nope#1", resolution, by="ops", reason="x")
+    await resolve_effect(store, registry, "e1", "unsure#1", resolution, by="ops", reason="checked", output="sent by hand")
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output.startswith(expected)
     with pytest.raises(InvalidStateError):
-        await resolve_effect(store, "e1", "unsure#1", resolution, by="ops", reason="again")
+        await resolve_effect(store, registry, "e1", "unsure#1", resolution, by="ops", reason="again")
+
+
+async def test_an_applied_resolution_must_fit_the_effect_return_type(store: Any) -> None:
+    """An operator's APPLIED output is checked against the effect's annotation: a wrong type is refused and nothing is appended."""
+    definition = single(unsure, "unsure")
+    registry = WorkflowRegistry(definition)
+    await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="e1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    before = await store.history("e1")
+    with pytest.raises(SerializationError, match="does not fit its annotated type str"):
+        await resolve_effect(store, registry, "e1", "unsure#1", Resolution.APPLIED, by="ops", reason="x",
+                             output={"not": "a string"})
+    assert await store.history("e1") == before and (await store.get_run("e1")).status is RunStatus.PARKED
+    await resolve_effect(store, registry, "e1", "unsure#1", Resolution.APPLIED, by="ops", reason="x", output="sent")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "sent"
 
 
 async def test_cancel_fences_and_finishes(store: Any, tmp_path: Path) -> None:

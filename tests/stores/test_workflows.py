@@ -37,7 +37,7 @@ from runifold import (
 )
 from runifold.history import RunCancelled, fold
 from runifold.stores import EventRow
-from tests.support import NO_WAIT, entries, event_types, keys, worker
+from tests.support import NO_WAIT, SHORT_WAIT, entries, event_types, keys, worker
 
 calls: Counter[str] = Counter()
 
@@ -58,7 +58,7 @@ async def reserve(order_id: str) -> Stock:
     return Stock(sku=f"sku-{order_id}", reserved=2)
 
 
-@step(retry=RetryPolicy(max_attempts=3, initial=NO_WAIT))
+@step(retry=RetryPolicy(max_attempts=3, initial=SHORT_WAIT, jitter=0))
 async def flaky(n: int) -> int:
     calls["flaky"] += 1
     if calls["flaky"] == 1:
@@ -91,6 +91,7 @@ async def test_completed_steps_are_not_run_again(store: Any) -> None:
     await store.enqueue(WorkflowTask("retrying", 1, {"order_id": "o1"}, checkpoint_id="c1"))
     first = await w.run_once()
     assert isinstance(first, Retried) and first.key == "flaky#1" and first.attempt == 2
+    await asyncio.sleep(SHORT_WAIT.total_seconds() + 0.05)
     second = await w.run_once()
     assert isinstance(second, Completed)
     assert second.output == {"is_struct": True, "sku": "sku-o1", "value": 40}
@@ -242,7 +243,7 @@ async def test_changed_code_is_reported_not_run(store: Any, changed: Any, diverg
     assert await store.history("c1") == before
     assert calls["b2"] == 0 and calls["c"] == 0
     info = await store.get_run("c1")
-    assert info.status is RunStatus.READY and info.due_at is not None
+    assert info.status is RunStatus.DIVERGED and info.due_at is not None
 
 
 class Opaque:
@@ -261,12 +262,17 @@ async def bad_output(ctx: WorkflowContext) -> None:
 
 
 async def test_unserialisable_output_fails_clearly(store: Any) -> None:
-    """A step output that cannot be recorded fails the run with a message saying what to return; earlier steps stay recorded."""
+    """A step output that cannot be recorded fails the step for good (no retry) with a message saying what to return.
+
+    The workflow receives StepFailedError (here uncaught, so the run fails); earlier steps stay recorded.
+    """
     await store.enqueue(WorkflowTask("bad-output", 1, {}, checkpoint_id="c1"))
     outcome = await worker(store, WorkflowDefinition(bad_output)).run_once()
     assert isinstance(outcome, Failed) and outcome.run_failed
     assert "opaque#1" in outcome.reason and "cannot be recorded" in outcome.reason and "JSON-compatible" in outcome.reason
-    assert await event_types(store, "c1") == ["run_started", "step_completed", "run_failed"]
+    assert await event_types(store, "c1") == ["run_started", "step_completed", "step_failed", "run_failed"]
+    failed = [e.event for e in await entries(store, "c1") if e.event.key == "opaque#1"]
+    assert failed[0].error_type == "runifold.errors.SerializationError"  # type: ignore[union-attr]
 
 
 @workflow("three-steps")
@@ -341,10 +347,12 @@ async def catching(ctx: WorkflowContext) -> str:
 
 
 async def test_exhausted_retries_raise_into_the_workflow(store: Any) -> None:
-    """When a step's retry policy is exhausted, the workflow receives StepFailedError and may handle it."""
+    """When a step's retry policy is exhausted, the workflow receives StepFailedError and may handle it.
+
+    The backoff is zero, so the retry is due at once and runs in the same execution.
+    """
     w = worker(store, WorkflowDefinition(catching))
     await store.enqueue(WorkflowTask("catching", 1, {}, checkpoint_id="c1"))
-    assert isinstance(await w.run_once(), Retried)
     done = await w.run_once()
     assert isinstance(done, Completed) and done.output == "caught after 2" and calls["always"] == 2
 
@@ -420,7 +428,12 @@ async def test_postgres_returns_every_pooled_connection(open_store: Any) -> None
     await store.enqueue(WorkflowTask("versioned", 2, {}, checkpoint_id="unavailable"))
     w = worker(store, WorkflowDefinition(retrying), WorkflowDefinition(fan_out, signals={"go": {"*"}}),
                WorkflowDefinition(versioned_v1))
-    outcomes = {type(await w.run_once()).__name__ for _ in range(4)}
+    outcomes = set()
+    for _ in range(4):
+        outcome = await w.run_once()
+        outcomes.add(type(outcome).__name__)
+        if isinstance(outcome, Retried):
+            await asyncio.sleep(SHORT_WAIT.total_seconds() + 0.05)  # its next attempt is due then
     assert outcomes == {"Retried", "Suspended", "DefinitionUnavailable", "Completed"}
     await store.enqueue(WorkflowTask("blocking", 1, {}, checkpoint_id="fenced"))
     running = asyncio.create_task(worker(store, WorkflowDefinition(blocking)).run_once())

@@ -1,0 +1,103 @@
+"""The state of one run's execution that both halves of the driver share: its calls, usage and lease."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any
+
+from runifold.dsl._definition import EffectSpec, StepSpec
+from runifold.errors import NondeterminismError
+from runifold.history import CallKind
+from runifold.stores import Lease, WorkflowStore
+
+
+@dataclass(eq=False)
+class Call:
+    """One durable call of the workflow, from its registration until workflow code has its outcome."""
+
+    key: str
+    kind: CallKind
+    future: asyncio.Future[Any]
+    returns: Any = Any
+    spec: StepSpec | EffectSpec | None = None
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: the calling task's context: a body runs in a copy of it
+    context: contextvars.Context | None = None
+    name: str = ""  # the signal a wait is for
+    attempt: int = 1
+    #: not before (a retry, a timer) or the deadline (a signal wait), on the store's clock
+    due: float | None = None
+    parked: str | None = None  # an ambiguous effect: why
+    in_doubt: bool = False  # an effect started and its outcome is unknown
+    recovering: bool = False  # ... and the attempt was made before this execution
+    busy: bool = False  # a body, a reconcile or the commit of effect_started is under way
+    error: str = ""  # the last failed attempt's error, while a retry waits
+
+
+@dataclass
+class Usage:
+    steps: int
+    effect_attempts: int
+    retries: int
+    cost_units: float
+
+
+@dataclass
+class ReplayReport:
+    """What a debug replay found.
+
+    ``steps`` lists each recorded outcome in the order it was handed to the
+    workflow: ``(key, what)``, with ``what`` one of ``replayed``, ``failed``,
+    ``timer fired``, ``signal received``, ``wait timed out``.
+    """
+
+    run_id: str
+    steps: list[tuple[str, str]] = field(default_factory=list)
+    stopped_at: str | None = None
+    finished: bool = False
+    result: Any = None
+    error: str | None = None
+    divergence: NondeterminismError | None = None
+
+    @property
+    def clean(self) -> bool:
+        """True when code and history agree as far as the history goes."""
+        return self.divergence is None
+
+    def raise_for_divergence(self) -> None:
+        """Raise the :class:`NondeterminismError` found, if any."""
+        if self.divergence is not None:
+            raise self.divergence
+
+
+@dataclass
+class Live:
+    """What only a live execution has: the store, the lease and its renewal."""
+
+    store: WorkflowStore
+    lease: Lease
+    lease_seconds: float
+    renew_every: float
+    claimed_at: float  # the worker's monotonic clock when the claim came back
+    store_now: float  # the store's clock at the claim
+    recoveries: int
+    renewed_at: float = 0.0  # the worker's monotonic clock at the lease's last renewal (or claim)
+
+    def __post_init__(self) -> None:
+        self.renewed_at = self.claimed_at
+
+
+def why(call: Call) -> str:
+    """One open call, as a suspension's reason shows it."""
+    if call.parked is not None:
+        return f"effect {call.key} is ambiguous: {call.parked}"
+    match call.kind:
+        case CallKind.SIGNAL:
+            return f"signal {call.name!r} ({call.key})"
+        case CallKind.TIMER:
+            return f"timer {call.key}"
+        case _:
+            return f"{call.kind} {call.key} attempt {call.attempt} waits for its retry: {call.error}"

@@ -1,0 +1,219 @@
+"""The event loop workflow code runs on: one per execution, stepped by its driver.
+
+Workflow code (the workflow function and every task it creates) runs on a
+:class:`WorkflowLoop`, never on the worker's own loop. The driver calls
+:meth:`WorkflowLoop.run_ready` to run workflow code until every workflow task
+is blocked, then decides, with nothing of the workflow running, what happens
+next: resolve the next recorded call, start a step's body, commit, or suspend.
+Because the driver sees exactly when workflow code can make no progress, a
+suspension needs no exception thrown through user code and no guess at how many
+loop passes concurrent branches need to settle.
+
+What workflow code may await on this loop: runifold calls (their futures are
+resolved by the driver), asyncio's coordination primitives (``gather``,
+``wait``, ``as_completed``, ``TaskGroup``, ``Event``, ``Queue``, ``Lock``, ...),
+and two *real-time* waits, which the loop forwards to the worker's loop:
+``asyncio.sleep``/timeouts (``call_at``) and ``asyncio.to_thread``
+(``run_in_executor``). While one of those is outstanding the workflow is not
+idle: the driver waits for it rather than suspending or judging divergence.
+Sockets and subprocesses are not available: I/O belongs in steps.
+
+Every task created on this loop gets the next child *scope* of the task that
+created it (see :mod:`runifold.dsl._context`), so call keys are the same on
+every replay however the branches interleave.
+"""
+
+# typeshed types AbstractEventLoop's callbacks with TypeVarTuples; this loop takes any callable like asyncio's own
+# mypy: disable-error-code="override,assignment"
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from runifold._log import get_logger
+
+from runifold.dsl._context import Binding, current
+
+log = get_logger("runifold.worker")
+
+
+class WorkflowLoop(asyncio.AbstractEventLoop):
+    """A deterministic loop for one run's workflow code, nested in the worker's loop.
+
+    Args:
+        outer: the worker's running loop (bodies, commits and real time live there).
+        activity: called on the outer loop when something outside workflow code
+            made a workflow task runnable (a real-time wait ended).
+    """
+
+    def __init__(self, outer: asyncio.AbstractEventLoop, activity: Callable[[], None]) -> None:
+        self._outer = outer
+        self._activity = activity
+        self._ready: collections.deque[asyncio.Handle] = collections.deque()
+        self._timers: dict[asyncio.TimerHandle, asyncio.TimerHandle] = {}
+        #: executor jobs (``asyncio.to_thread``) not yet finished
+        self._jobs = 0
+        self._closed = False
+        self._stepping = False
+        #: every task created on this loop that has not finished (strong references)
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    # -- what the driver uses ---------------------------------------------------------
+
+    def run_ready(self) -> None:
+        """Run workflow code until no workflow task is runnable."""
+        outer = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(self)
+        self._stepping = True
+        try:
+            ready = self._ready
+            while ready:
+                handle = ready.popleft()
+                if not handle._cancelled:
+                    handle._run()
+        finally:
+            self._stepping = False
+            asyncio.events._set_running_loop(outer)
+
+    @property
+    def has_ready(self) -> bool:
+        """Workflow code is runnable (the driver resolved a call or started a task)."""
+        return bool(self._ready)
+
+    @property
+    def waiting_in_real_time(self) -> bool:
+        """A workflow task awaits ``asyncio.sleep``, a timeout or ``asyncio.to_thread``."""
+        return bool(self._timers) or self._jobs > 0
+
+    def start(self, coro: Coroutine[Any, Any, Any], binding: Binding) -> asyncio.Task[Any]:
+        """Create the workflow's root task, bound to ``binding``."""
+        ctx = contextvars.copy_context()
+        ctx.run(current.set, binding)
+        return self._task(coro, ctx, None)
+
+    def close(self) -> None:
+        for outer in self._timers.values():
+            outer.cancel()
+        self._timers.clear()
+        self._ready.clear()
+        self._closed = True
+
+    # -- scheduling ------------------------------------------------------------------
+
+    def call_soon(self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context)
+        self._ready.append(handle)
+        return handle
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any,
+                   context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        return self.call_at(self.time() + delay, callback, *args, context=context)
+
+    def call_at(self, when: float, callback: Callable[..., Any], *args: Any,
+                context: contextvars.Context | None = None) -> asyncio.TimerHandle:
+        # real time: the worker's loop keeps the timer, and wakes the driver when it is due
+        handle = asyncio.TimerHandle(when, callback, args, self, context)
+        handle._scheduled = True  # type: ignore[attr-defined]
+        self._timers[handle] = self._outer.call_at(when, self._timer_due, handle)
+        return handle
+
+    def _timer_due(self, handle: asyncio.TimerHandle) -> None:
+        if self._timers.pop(handle, None) is not None and not handle._cancelled:
+            self._ready.append(handle)
+            self._activity()
+
+    def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
+        outer = self._timers.pop(handle, None)
+        if outer is not None:
+            outer.cancel()
+
+    def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any,
+                             context: contextvars.Context | None = None) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context)
+        self._outer.call_soon_threadsafe(self._arrive, handle)
+        return handle
+
+    def _arrive(self, handle: asyncio.Handle) -> None:
+        if not self._closed:
+            self._ready.append(handle)
+            self._activity()
+
+    def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        job = self._outer.run_in_executor(executor, func, *args)
+        inner = self.create_future()
+        self._jobs += 1
+
+        def finished(done: asyncio.Future[Any]) -> None:
+            self._jobs -= 1
+            if self._closed or inner.done():
+                return
+            if done.cancelled():
+                inner.cancel()
+            elif done.exception() is not None:
+                inner.set_exception(done.exception())  # type: ignore[arg-type]
+            else:
+                inner.set_result(done.result())
+            self._activity()
+
+        job.add_done_callback(finished)
+        return inner
+
+    def time(self) -> float:
+        return self._outer.time()
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return asyncio.Future(loop=self)
+
+    def create_task(self, coro: Any, *, name: str | None = None,
+                    context: contextvars.Context | None = None) -> asyncio.Task[Any]:
+        ctx = context.copy() if context is not None else contextvars.copy_context()
+        binding = ctx.get(current)
+        if binding is not None:
+            # invariant: the i-th task created from scope s gets scope s + "i/", on every replay alike
+            ctx.run(current.set, Binding(binding.driver, binding.scope.child()))
+        return self._task(coro, ctx, name)
+
+    def _task(self, coro: Any, ctx: contextvars.Context, name: str | None) -> asyncio.Task[Any]:
+        task = asyncio.Task(coro, loop=self, context=ctx, name=name)
+        task._log_destroy_pending = False  # type: ignore[attr-defined]  # teardown may leave tasks pending
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    # -- the rest of the loop protocol that asyncio's own code uses ---------------------
+
+    def get_debug(self) -> bool:
+        return False
+
+    def is_running(self) -> bool:
+        return self._stepping
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def get_exception_handler(self) -> None:
+        return None
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        # e.g. a task that failed and was never awaited: workflow code's business, worth a line
+        exc = context.get("exception")
+        log.warning("workflow_task_error", message=context.get("message"),
+                    error=None if exc is None else f"{type(exc).__name__}: {exc}")
+
+    def default_exception_handler(self, context: dict[str, Any]) -> None:
+        self.call_exception_handler(context)
+
+    def _unsupported(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "workflow code cannot do I/O on its event loop (sockets, subprocesses, servers); "
+            "do it in a @step or @effect body"
+        )
+
+    # the I/O half of AbstractEventLoop: refused with a message saying where I/O belongs
+    create_connection = create_server = create_datagram_endpoint = create_unix_connection = _unsupported
+    getaddrinfo = getnameinfo = sock_connect = sock_recv = sock_sendall = sock_accept = _unsupported
+    subprocess_exec = subprocess_shell = connect_read_pipe = connect_write_pipe = _unsupported
+    add_reader = add_writer = add_signal_handler = run_until_complete = run_forever = _unsupported

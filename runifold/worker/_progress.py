@@ -1,0 +1,387 @@
+"""The live half of the driver: how open calls progress once the history is replayed.
+
+Bodies (steps, effects, reconcile functions) run as tasks of the worker's
+loop; what they return becomes events in the outbox (committed before workflow
+code sees the outcome) or in the buffer (recorded with the next commit). See
+:mod:`runifold.worker._execution` for the whole picture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, assert_never
+
+import msgspec
+
+from runifold.dsl import Evidence, ResumePolicy, WorkflowDefinition
+from runifold.dsl._context import current
+from runifold.dsl._decorators import EffectOutcomeUnknown
+from runifold.dsl._definition import EffectSpec, RetryPolicy, StepSpec
+from runifold.errors import (
+    BudgetExceededError,
+    CapabilityDeniedError,
+    EffectFailedError,
+    RunifoldError,
+    SerializationError,
+    StepFailedError,
+    WaitTimeoutError,
+    describe,
+    traceback_of,
+    type_name,
+)
+from runifold.history import (
+    AnyEvent,
+    CallKind,
+    EffectAmbiguous,
+    EffectCompleted,
+    EffectFailed,
+    EffectReconciled,
+    EffectStarted,
+    EffectUnknown,
+    Replayer,
+    SignalReceived,
+    SignalTimedOut,
+    StepCompleted,
+    StepFailed,
+    TimerFired,
+    Verdict,
+    convert,
+    record,
+)
+from runifold.stores import InboxSignal
+from runifold.worker._call import Call, Live, Usage
+
+_UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
+
+
+class LiveProgress:
+    """Starts due bodies, fires timers, consumes signals, and turns outcomes into events."""
+
+    # shared with Execution, which sets them up
+    definition: WorkflowDefinition
+    run_id: str
+    replayer: Replayer
+    usage: Usage
+    log: Any
+    _live: Live | None
+    _outer: asyncio.AbstractEventLoop
+    _open: list[Call]
+    _inbox: list[InboxSignal]
+    _buffer: list[AnyEvent]
+    _consumed: list[str]
+    _outbox: list[tuple[list[AnyEvent], Callable[[], None]]]
+    _resolutions: deque[tuple[Call, Any, BaseException | None]]
+    _bodies: set[asyncio.Task[Any]]
+    _finished: list[tuple[Call, asyncio.Task[Any], str]]
+    _failure: tuple[str, BaseException | None, str] | None
+    _closing: bool
+
+    def store_time(self) -> float:
+        raise NotImplementedError
+
+    def _wake_up(self) -> None:
+        raise NotImplementedError
+
+    def _resolve(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
+        """Queue an outcome; the driver hands them over one at a time, in the order queued."""
+        self._resolutions.append((call, value, error))
+
+    # -- live progress --------------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Start what is due among the open calls: bodies, timers, signals, retries."""
+        now = self.store_time()
+        for call in list(self._open):
+            if call.future.done() and not call.busy:
+                self._open.remove(call)  # nobody waits for it any more
+                continue
+            if call.busy or call.parked is not None:
+                continue
+            due = call.due is None or call.due <= now
+            match call.kind:
+                case CallKind.STEP:
+                    if due:
+                        self._start_step(call)
+                case CallKind.EFFECT:
+                    if due:
+                        self._start_effect(call)
+                case CallKind.TIMER:
+                    if due:
+                        self._open.remove(call)
+                        self._buffer.append(TimerFired(key=call.key, fired_at=now))
+                        self._resolve(call)
+                case CallKind.SIGNAL:
+                    self._try_signal(call, now)
+                case CallKind.VALUE | CallKind.CHARGE:
+                    raise AssertionError("values and charges are never open")
+                case _ as unreachable:
+                    assert_never(unreachable)
+            if self._failure is not None:
+                return
+
+    def _try_signal(self, call: Call, now: float) -> None:
+        # invariant: a signal counts for a wait only if it arrived by the wait's deadline (store clock), however
+        # late this worker looks; the same inputs take the same branch on every worker
+        for signal in self._inbox:
+            if signal.name == call.name and (call.due is None or signal.received_at <= call.due):
+                self._inbox.remove(signal)
+                self._consumed.append(signal.signal_id)
+                self._buffer.append(SignalReceived(
+                    key=call.key, name=call.name, payload=signal.payload, signal_id=signal.signal_id,
+                    sender=signal.sender, reason=signal.reason, received_at=signal.received_at,
+                ))
+                self._open.remove(call)
+                self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
+                self._resolve(call, convert(signal.payload, call.returns, what=call.key))
+                return
+        if call.due is not None and now >= call.due:
+            self._open.remove(call)
+            self._buffer.append(SignalTimedOut(key=call.key, name=call.name))
+            self._resolve(call, error=WaitTimeoutError(call.key, call.name))
+
+    def _allowed(self, call: Call, kind: CallKind, requires: str | None) -> bool:
+        """Checks before a body runs: capability and budget. A refusal fails the run."""
+        key = call.key
+        if requires is not None and not self.definition.capabilities.allows(requires):
+            self._fail(CapabilityDeniedError(key, requires), key)
+            return False
+        budget = self.definition.budget
+        if budget.max_elapsed is not None:
+            elapsed = self.store_time() - self.replayer.started_at
+            if elapsed > budget.max_elapsed.total_seconds():
+                self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.max_elapsed.total_seconds()), key)
+                return False
+        if kind is CallKind.STEP and budget.max_steps is not None and self.usage.steps + 1 > budget.max_steps:
+            self._fail(BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps), key)
+            return False
+        limit = budget.max_effect_attempts
+        if kind is CallKind.EFFECT and limit is not None and self.usage.effect_attempts + 1 > limit:
+            self._fail(BudgetExceededError("effect attempts", self.usage.effect_attempts + 1, limit), key)
+            return False
+        return True
+
+    def _check_recoveries(self) -> None:
+        assert self._live is not None
+        limit = self.definition.budget.max_recoveries
+        if limit is not None and self._live.recoveries > limit:
+            self._fail(BudgetExceededError("recoveries", self._live.recoveries, limit), "")
+
+    def _start_step(self, call: Call) -> None:
+        spec = call.spec
+        assert isinstance(spec, StepSpec)
+        if not self._allowed(call, CallKind.STEP, spec.requires):
+            return
+        self.usage.steps += 1
+        self._spawn(call, spec.fn, call.args, call.kwargs, None, "body")
+
+    def _start_effect(self, call: Call) -> None:
+        spec = call.spec
+        assert isinstance(spec, EffectSpec)
+        if call.in_doubt:
+            self._recover_effect(call, spec)
+            return
+        if not self._allowed(call, CallKind.EFFECT, spec.requires):
+            return
+        self.usage.effect_attempts += 1
+        idem = self._idempotency_key(call)
+        timeout = None if spec.timeout is None else spec.timeout.total_seconds()
+        call.busy = True
+        # invariant: effect_started is durable before the body can touch the outside world
+        self._outbox.append((
+            [EffectStarted(key=call.key, idempotency_key=idem, attempt=call.attempt)],
+            lambda: self._spawn(call, spec.fn, (idem, *call.args), call.kwargs, timeout, "body"),
+        ))
+
+    def _idempotency_key(self, call: Call) -> str:
+        return f"{self.run_id}:{call.key}"
+
+    def _recover_effect(self, call: Call, spec: EffectSpec) -> None:
+        """Apply the effect's resume policy to an attempt whose outcome nobody knows."""
+        match spec.resume:
+            case ResumePolicy.REPEAT:
+                if call.attempt >= spec.retry.max_attempts:
+                    self._park(call, f"outcome unknown after {call.attempt} attempt(s) with policy REPEAT")
+                    return
+                call.in_doubt, call.attempt = False, call.attempt + 1
+                self._start_effect(call)
+            case ResumePolicy.MANUAL:
+                self._park(call, "outcome unknown and the resume policy is MANUAL")
+            case ResumePolicy.RECONCILE:
+                assert spec.reconcile is not None
+                self._spawn(call, spec.reconcile, (self._idempotency_key(call), *call.args), call.kwargs, None, "reconcile")
+            case _ as unreachable:
+                assert_never(unreachable)
+
+    def _park(self, call: Call, reason: str, events: Sequence[AnyEvent] = ()) -> None:
+        self.log.warning("effect_ambiguous", key=call.key, reason=reason)
+        self._buffer.extend(events)
+        self._buffer.append(EffectAmbiguous(key=call.key, reason=reason))
+        call.parked, call.in_doubt = reason, False
+
+    # -- bodies ---------------------------------------------------------------------------------
+
+    def _spawn(self, call: Call, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+               timeout: float | None, what: str) -> None:
+        """Run a body (or a reconcile) as a task of the worker's loop, in a copy of the caller's context."""
+        call.busy = True
+        ctx = (call.context or contextvars.Context()).copy()
+        # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
+        ctx.run(current.set, None)
+        task = self._outer.create_task(_body(fn, args, kwargs, timeout), context=ctx)
+        self._bodies.add(task)
+        task.add_done_callback(lambda done: self._body_done(call, done, what))
+
+    def _body_done(self, call: Call, task: asyncio.Task[Any], what: str) -> None:
+        self._bodies.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here: an execution that stops before collecting it records nothing
+        if not self._closing:
+            self._finished.append((call, task, what))
+            self._wake_up()
+
+    def _collect_finished(self) -> None:
+        finished, self._finished = self._finished, []
+        for call, task, what in finished:
+            call.busy = False
+            # a body that raised CancelledError itself (nobody cancelled it) failed like any other
+            exc = asyncio.CancelledError("the body raised CancelledError") if task.cancelled() else task.exception()
+            value = None if exc is not None else task.result()
+            if what == "reconcile":
+                self._reconciled(call, value, exc)
+            elif call.kind is CallKind.STEP:
+                self._step_finished(call, value, exc)
+            else:
+                self._effect_finished(call, value, exc)
+
+    def _done(self, call: Call, events: list[AnyEvent], value: Any = None, error: BaseException | None = None) -> None:
+        """The call's outcome is known: commit ``events``, then hand the outcome to workflow code."""
+        if call in self._open:
+            self._open.remove(call)
+        self._outbox.append((events, lambda: self._resolve(call, value, error)))
+
+    def _retry_at(self, retry: RetryPolicy, attempt: int) -> float | None:
+        """When the next attempt may run, or None when the failure is final."""
+        max_retries = self.definition.budget.max_retries
+        if attempt >= retry.max_attempts or (max_retries is not None and self.usage.retries + 1 > max_retries):
+            return None
+        return self.store_time() + retry.backoff(attempt + 1)
+
+    def _step_finished(self, call: Call, value: Any, exc: BaseException | None) -> None:
+        spec = call.spec
+        assert isinstance(spec, StepSpec)
+        key, attempt = call.key, call.attempt
+        if exc is None:
+            try:
+                plain, live = record(value, call.returns, what=f"step {key}")
+            except SerializationError as err:
+                # deterministic: another attempt would return the same, so the failure is final
+                self._failed_attempt(call, err, None)
+                return
+            self._done(call, [StepCompleted(key=key, output=plain, attempt=attempt)], live)
+            return
+        self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt))
+
+    def _failed_attempt(self, call: Call, exc: BaseException, retry_at: float | None) -> None:
+        key, attempt, error = call.key, call.attempt, describe(exc)
+        step = call.kind is CallKind.STEP
+        error_type, tb = type_name(exc), traceback_of(exc)
+        event: AnyEvent = (
+            StepFailed(key=key, error=error, attempt=attempt, retry_at=retry_at, error_type=error_type, traceback=tb)
+            if step else
+            EffectFailed(key=key, error=error, attempt=attempt, retry_at=retry_at, error_type=error_type, traceback=tb)
+        )
+        self.log.warning("step_failed" if step else "effect_failed", key=key, attempt=attempt, error=error,
+                         retry_at=retry_at)
+        if retry_at is None:
+            failure = (StepFailedError(key, error, attempt, type_name(exc)) if step
+                       else EffectFailedError(key, error))
+            self._done(call, [event], error=failure)
+            return
+        self.usage.retries += 1
+        self._buffer.append(event)
+        call.attempt, call.due, call.error = attempt + 1, retry_at, error
+
+    def _effect_finished(self, call: Call, value: Any, exc: BaseException | None) -> None:
+        spec = call.spec
+        assert isinstance(spec, EffectSpec)
+        key, attempt = call.key, call.attempt
+        if exc is None:
+            try:
+                plain, live = record(value, call.returns, what=f"effect {key}")
+            except SerializationError as err:
+                self._park(call, f"it took place but returned a value that cannot be recorded ({err}); resolve it "
+                                 "with the result it should have returned")
+                return
+            self._done(call, [EffectCompleted(key=key, output=plain, attempt=attempt)], live)
+            return
+        if not isinstance(exc, _UNKNOWN_OUTCOME):
+            self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt))
+            return
+        self.log.warning("effect_outcome_unknown", key=key, attempt=attempt, error=describe(exc))
+        unknown = EffectUnknown(key=key, error=describe(exc), attempt=attempt, error_type=type_name(exc))
+        match spec.resume:
+            case ResumePolicy.REPEAT:
+                retry_at = self._retry_at(spec.retry, attempt)
+                if retry_at is None:
+                    self._park(call, f"outcome unknown after {attempt} attempt(s) with policy REPEAT", [unknown])
+                else:
+                    # the provider is idempotent by key: the same key is tried again after the backoff
+                    self.usage.retries += 1
+                    self._buffer.append(msgspec.structs.replace(unknown, retry_at=retry_at))
+                    call.attempt, call.due, call.error = attempt + 1, retry_at, unknown.error
+            case ResumePolicy.MANUAL:
+                self._park(call, "outcome unknown and the resume policy is MANUAL", [unknown])
+            case ResumePolicy.RECONCILE:
+                self._buffer.append(unknown)
+                call.in_doubt, call.recovering = True, False  # reconcile at once, in this execution
+            case _ as unreachable:
+                assert_never(unreachable)
+
+    def _reconciled(self, call: Call, evidence: Any, exc: BaseException | None) -> None:
+        spec = call.spec
+        assert isinstance(spec, EffectSpec)
+        key, attempt = call.key, call.attempt
+        if exc is not None:
+            evidence = Evidence.unknown(f"reconcile raised {describe(exc)}")
+        elif not isinstance(evidence, Evidence):
+            evidence = Evidence.unknown(f"reconcile returned {type(evidence).__name__}, not Evidence")
+        self.log.info("effect_reconciled", key=key, verdict=evidence.verdict, detail=evidence.detail)
+        if evidence.verdict == Verdict.APPLIED:
+            try:
+                plain, live = record(evidence.result, call.returns, what=f"the evidence of effect {key}")
+            except SerializationError as err:
+                self._park(call, f"reconcile found it applied, with a result that cannot be recorded: {err}",
+                           [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=str(err))])
+                return
+            self._done(call, [EffectReconciled(key=key, verdict=Verdict.APPLIED, output=plain,
+                                               detail=evidence.detail)], live)
+        elif evidence.verdict == Verdict.NOT_APPLIED:
+            if attempt >= spec.retry.max_attempts:
+                self._park(call, f"not applied after {attempt} attempt(s) with unknown outcomes",
+                           [EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)])
+                return
+            # after a crash the next attempt runs at once; after an unknown outcome here, it backs off
+            retry_at = None if call.recovering else self.store_time() + spec.retry.backoff(attempt + 1)
+            self._buffer.append(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail,
+                                                 retry_at=retry_at))
+            call.in_doubt, call.recovering, call.attempt, call.due = False, False, attempt + 1, retry_at
+        else:
+            self._park(call, f"reconcile found no evidence either way: {evidence.detail}",
+                       [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=evidence.detail)])
+
+    # -- failing ------------------------------------------------------------------------------------
+
+    def _fail(self, exc: RunifoldError, key: str) -> None:
+        """The engine fails the run (budget, capability, input): no new body starts; in-flight ones finish."""
+        if self._failure is None:
+            self._failure = (str(exc), exc, key)
+
+
+async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
+    if timeout is None:
+        return await fn(*args, **kwargs)
+    async with asyncio.timeout(timeout):
+        return await fn(*args, **kwargs)

@@ -1,0 +1,383 @@
+"""A corpus of the workflow shapes users write, around waits, failures and concurrency.
+
+Every step body reports that it ran through :data:`seen` (in this process) and,
+when ``RUNIFOLD_TEST_COUNTS`` names a file, appends ``run key time pid`` to it
+(for worker processes). Each workflow suspends at least once (a signal wait or a
+timer), so a run goes through several executions and replays.
+
+Signals the workflows wait for are listed in :data:`SIGNALS`; a test sends them
+whenever a run waits for one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime as dt
+import decimal
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+
+from runifold import (
+    Budget,
+    ResumePolicy,
+    RetryPolicy,
+    StepFailedError,
+    WaitTimeoutError,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    effect,
+    step,
+    workflow,
+)
+
+TICK = timedelta(milliseconds=60)
+
+
+class Seen:
+    """Which step bodies ran, with a hook a test installs to check each start (e.g. the run is not suspended)."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[str, str]] = []
+        self.check: Callable[[str, str], None] | None = None
+
+    def __call__(self, run: str, what: str) -> None:
+        self.runs.append((run, what))
+        if self.check is not None:
+            self.check(run, what)
+        path = os.environ.get("RUNIFOLD_TEST_COUNTS")
+        if path:
+            with open(path, "a") as f:
+                f.write(f"{run} {what} {time.time():.6f} {os.getpid()}\n")
+
+
+seen = Seen()
+_attempts: dict[tuple[str, str], int] = {}
+_lock = threading.Lock()
+
+
+def attempt(run: str, what: str) -> int:
+    """Count the attempts of one body in this process (1, 2, ...)."""
+    with _lock:
+        n = _attempts.get((run, what), 0) + 1
+        _attempts[(run, what)] = n
+    return n
+
+
+# -- steps -------------------------------------------------------------------------------
+
+
+@step()
+async def add(run: str, what: str, n: int) -> int:
+    seen(run, what)
+    await asyncio.sleep(0.001 * (n % 7))
+    return n + 1
+
+
+@step()
+async def slow(run: str, what: str, seconds: float) -> str:
+    seen(run, what)
+    await asyncio.sleep(seconds)
+    return what
+
+
+@step()
+async def note(run: str, what: str) -> str:
+    seen(run, what)
+    return f"noted {what}"
+
+
+@step(retry=RetryPolicy(max_attempts=3, initial=timedelta(milliseconds=150), jitter=0))
+async def flaky(run: str, what: str) -> str:
+    seen(run, what)
+    if attempt(run, what) == 1:
+        raise RuntimeError("first attempt fails")
+    return f"{what} ok"
+
+
+@step(retry=RetryPolicy(max_attempts=1))
+async def broken(run: str, what: str) -> int:
+    seen(run, what)
+    raise ValueError(f"{what} is broken")
+
+
+@effect(resume=ResumePolicy.REPEAT)
+async def send(key: str, run: str, what: str) -> dict[str, str]:
+    seen(run, what)
+    return {"idempotency_key_suffix": key.rsplit(":", 1)[-1], "what": what}
+
+
+class Parcel(msgspec.Struct, frozen=True):
+    sku: str
+    weight: float
+    tags: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Label:
+    code: str
+    printed: dt.datetime
+
+
+@step()
+async def when(run: str, what: str) -> dt.datetime:
+    seen(run, what)
+    return dt.datetime(2026, 12, 1, 9, 30, tzinfo=dt.UTC)
+
+
+@step()
+async def pair(run: str, what: str) -> tuple[int, str]:
+    seen(run, what)
+    return (7, "seven")
+
+
+@step()
+async def tags(run: str, what: str) -> frozenset[str]:
+    seen(run, what)
+    return frozenset({"b", "a"})
+
+
+@step()
+async def blob(run: str, what: str) -> bytes:
+    seen(run, what)
+    return b"\x00\x01binary"
+
+
+@step()
+async def parcel(run: str, what: str) -> Parcel:
+    seen(run, what)
+    return Parcel("sku-1", 2.5, ("fragile", "heavy"))
+
+
+@step()
+async def label(run: str, what: str) -> Label:
+    seen(run, what)
+    return Label("L-1", dt.datetime(2026, 1, 2, tzinfo=dt.UTC))
+
+
+@step()
+async def price(run: str, what: str) -> decimal.Decimal:
+    seen(run, what)
+    return decimal.Decimal("19.90")
+
+
+@step()
+async def ident(run: str, what: str) -> uuid.UUID:
+    seen(run, what)
+    return uuid.UUID("12345678-1234-5678-1234-567812345678")
+
+
+# -- workflows ----------------------------------------------------------------------------
+
+
+@workflow("try-finally")
+async def try_finally(ctx: WorkflowContext, n: int) -> list[Any]:
+    done: list[Any] = []
+    try:
+        done.append(await add(ctx.run_id, "body", n))
+        await ctx.wait_signal("go")
+        await ctx.sleep(TICK)
+        done.append(await add(ctx.run_id, "after-wait", n))
+    finally:
+        # runs when the try block really ends, never when the run merely suspends
+        done.append(await note(ctx.run_id, "cleanup"))
+    return done
+
+
+class Session:
+    """An async context manager whose exit calls a step."""
+
+    def __init__(self, ctx: WorkflowContext) -> None:
+        self.ctx = ctx
+        self.log: list[str] = []
+
+    async def __aenter__(self) -> Session:
+        self.log.append(await note(self.ctx.run_id, "open"))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.log.append(await note(self.ctx.run_id, "close"))
+
+
+@workflow("async-with")
+async def async_with(ctx: WorkflowContext, n: int) -> list[str]:
+    async with Session(ctx) as session:
+        await ctx.wait_signal("go")
+        session.log.append(str(await add(ctx.run_id, "inside", n)))
+    return session.log
+
+
+@workflow("gather")
+async def gather_values(ctx: WorkflowContext, n: int) -> list[Any]:
+    async def branch(i: int) -> list[Any]:
+        first = await add(ctx.run_id, f"b{i}-1", n + i)
+        token = str(ctx.uuid())  # recorded while sibling branches commit
+        second = await add(ctx.run_id, f"b{i}-2", first)
+        return [first, second, len(token)]
+
+    results = await asyncio.gather(branch(1), branch(2), branch(3))
+    await ctx.wait_signal("go")
+    return list(results)
+
+
+@workflow("return-exceptions")
+async def return_exceptions(ctx: WorkflowContext, n: int) -> list[str]:
+    async def waiter() -> str:
+        await ctx.wait_signal("go")
+        return await note(ctx.run_id, "after-go")
+
+    results = await asyncio.gather(broken(ctx.run_id, "broken"), waiter(), add(ctx.run_id, "add", n),
+                                   return_exceptions=True)
+    # the suspension on "go" must not show up here: only the step's own failure does
+    return [type(r).__name__ if isinstance(r, BaseException) else str(r) for r in results]
+
+
+@workflow("task-group")
+async def task_group(ctx: WorkflowContext, n: int) -> list[Any]:
+    async def waits_then_adds() -> int:
+        await ctx.wait_signal("go")
+        return await add(ctx.run_id, "tg-after-go", n)
+
+    async with asyncio.TaskGroup() as tg:
+        first = tg.create_task(add(ctx.run_id, "tg-1", n))
+        second = tg.create_task(waits_then_adds())
+        third = tg.create_task(slow(ctx.run_id, "tg-slow", 0.05))
+    return [first.result(), second.result(), third.result()]
+
+
+@workflow("first-completed")
+async def first_completed(ctx: WorkflowContext, n: int) -> list[str]:
+    timer = asyncio.ensure_future(ctx.sleep(TICK))
+    work = asyncio.ensure_future(slow(ctx.run_id, "slow-work", 0.4))
+    done, pending = await asyncio.wait({timer, work}, return_when=asyncio.FIRST_COMPLETED)
+    order = ["timer" if timer in done else "work"]
+    await asyncio.wait(pending)
+    order.append(await note(ctx.run_id, "both-done"))
+    await ctx.wait_signal("go")
+    return order
+
+
+@workflow("as-completed")
+async def as_completed(ctx: WorkflowContext, n: int) -> list[str]:
+    calls = [slow(ctx.run_id, f"ac-{i}", 0.02 * (3 - i)) for i in range(3)]
+    order = [await finished for finished in asyncio.as_completed(calls)]
+    await ctx.wait_signal("go")
+    return order
+
+
+@workflow("nested-gather")
+async def nested_gather(ctx: WorkflowContext, n: int) -> list[Any]:
+    async def waits() -> str:
+        await ctx.wait_signal("go")
+        return await note(ctx.run_id, "nested-after-go")
+
+    inner1 = asyncio.gather(add(ctx.run_id, "n-1", n), add(ctx.run_id, "n-2", n + 1))
+    inner2 = asyncio.gather(add(ctx.run_id, "n-3", n + 2), waits())
+    outer = await asyncio.gather(inner1, inner2, note(ctx.run_id, "n-4"))
+    return [list(x) if isinstance(x, list) else x for x in outer]
+
+
+@workflow("real-time-siblings")
+async def real_time_siblings(ctx: WorkflowContext, n: int) -> list[Any]:
+    ready = asyncio.Event()
+
+    async def threaded() -> int:
+        first = await add(ctx.run_id, "rt-a1", n)
+        await asyncio.to_thread(time.sleep, 0.03)
+        ready.set()
+        return await add(ctx.run_id, "rt-a2", first)
+
+    async def sleeper() -> int:
+        first = await add(ctx.run_id, "rt-b1", n)
+        await asyncio.sleep(0.02)
+        return await add(ctx.run_id, "rt-b2", first)
+
+    async def evented() -> int:
+        await ready.wait()
+        return await add(ctx.run_id, "rt-c1", n)
+
+    results = await asyncio.gather(threaded(), sleeper(), evented())
+    await ctx.wait_signal("go")
+    return list(results)
+
+
+@workflow("retry-and-timer")
+async def retry_and_timer(ctx: WorkflowContext, n: int) -> list[str]:
+    async def ticking() -> str:
+        await ctx.sleep(TICK / 2)
+        return await note(ctx.run_id, "ticked")
+
+    results = await asyncio.gather(flaky(ctx.run_id, "flaky"), ticking())
+    await ctx.wait_signal("go")
+    return list(results)
+
+
+@workflow("values")
+async def values(ctx: WorkflowContext, n: int) -> list[Any]:
+    async def drawing() -> list[Any]:
+        drawn: list[Any] = []
+        for i in range(3):
+            drawn.append([len(str(ctx.uuid())), ctx.now().tzinfo is not None, 0 <= ctx.random() < 1])
+            ctx.charge(1)
+            drawn.append(await add(ctx.run_id, f"v-draw-{i}", i))
+        return drawn
+
+    async def committing() -> list[int]:
+        return [await add(ctx.run_id, f"v-commit-{i}", i) for i in range(3)]
+
+    results = await asyncio.gather(drawing(), committing())
+    await ctx.wait_signal("go")
+    return list(results)
+
+
+class Typed(msgspec.Struct, frozen=True):
+    when: dt.datetime
+    pair: tuple[int, str]
+    tags: frozenset[str]
+    blob: bytes
+    parcel: Parcel
+    label: Label
+    price: decimal.Decimal
+    ident: uuid.UUID
+
+
+@workflow("typed")
+async def typed(ctx: WorkflowContext, n: int) -> Typed:
+    first = await when(ctx.run_id, "when")
+    await ctx.wait_signal("go")
+    return Typed(first, await pair(ctx.run_id, "pair"), await tags(ctx.run_id, "tags"), await blob(ctx.run_id, "blob"),
+                 await parcel(ctx.run_id, "parcel"), await label(ctx.run_id, "label"),
+                 await price(ctx.run_id, "price"), await ident(ctx.run_id, "ident"))
+
+
+@workflow("effects-and-timeouts")
+async def effects_and_timeouts(ctx: WorkflowContext, n: int) -> list[Any]:
+    sent = await send(ctx.run_id, "send-1")
+    try:
+        await ctx.wait_signal("never", timeout=TICK)
+        outcome = "signal"
+    except WaitTimeoutError:
+        outcome = "timed out"
+    try:
+        await broken(ctx.run_id, "caught")
+        caught = "no"
+    except StepFailedError as exc:
+        caught = exc.error_type
+    await ctx.wait_signal("go")
+    return [sent, outcome, caught]
+
+
+WORKFLOWS = [try_finally, async_with, gather_values, return_exceptions, task_group, first_completed, as_completed,
+             nested_gather, real_time_siblings, retry_and_timer, values, typed, effects_and_timeouts]
+SIGNALS = ("go",)
+registry = WorkflowRegistry(*(WorkflowDefinition(fn, Budget(max_cost_units=100), signals={"go": {"*"}})
+                              for fn in WORKFLOWS))
+NAMES = [getattr(fn, "__runifold_workflow__").name for fn in WORKFLOWS]
