@@ -6,15 +6,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
-
 from runifold import RunStatus, WorkflowTask, open_store
 from runifold.history import RunFailed, StepFailed
 from runifold.stores import EventRow, Finish, Reschedule, Suspend, Transition
 from tests.cli.conftest import Cli, run_worker_until
-
-NEEDS_EXECUTOR = pytest.mark.xfail(reason="needs the executor on main (tracebacks, run_retried, log levels)",
-                                   strict=False)
 
 STEP_TRACE = ('Traceback (most recent call last):\n  File "tests/cli/app.py", line 86, in fragile\n'
               '    raise ValueError(f"cannot handle {n} yet")\nValueError: cannot handle 1 yet')
@@ -81,7 +76,6 @@ async def test_a_run_failure_without_a_failed_call_shows_its_own_traceback(cli: 
     assert "  KeyError: 'sku'" in show and "\ncall " not in show
 
 
-@NEEDS_EXECUTOR
 def test_a_worker_failure_is_logged_and_kept_with_its_traceback(cli: Cli) -> None:
     """A run failing under `runifold worker` logs at warning/error on stderr and keeps its traceback for runs show."""
     assert cli("enqueue", "fragile", "1", "--input", '{"n": 1}', "--checkpoint-id", "f1").returncode == 0
@@ -108,7 +102,6 @@ def test_retry_continues_a_failed_run(any_cli: Cli) -> None:
     assert twice.returncode == 1 and "only failed runs can be retried" in twice.stderr
 
 
-@NEEDS_EXECUTOR
 def test_a_retried_run_completes_once_the_cause_is_fixed(cli: Cli) -> None:
     """A run that failed, retried after the fix, completes on the next worker."""
     assert cli("enqueue", "fragile", "1", "--input", '{"n": 1}', "--checkpoint-id", "f1").returncode == 0
