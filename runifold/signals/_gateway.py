@@ -95,7 +95,8 @@ class SignalGateway:
                 payload_hash=payload_hash(envelope.payload), max_unconsumed=self.limits.max_unconsumed,
             ))
         except SignalRejectedError as exc:  # a reused signal id, a full inbox: the store audited it
-            log.warning("signal_rejected", run_id=run.run_id, signal_id=envelope.signal_id, sender=envelope.sender,
+            # info, not warning: the caller gets the refusal as an exception and decides what it means
+            log.info("signal_rejected", run_id=run.run_id, signal_id=envelope.signal_id, sender=envelope.sender,
                         verdict=exc.verdict)
             raise
         log.info("signal_delivered", run_id=receipt.run_id, signal_id=envelope.signal_id, sender=envelope.sender,
@@ -114,7 +115,7 @@ class SignalGateway:
 
     async def _reject(self, envelope: SignalEnvelope, run: RunInfo | None, exc: SignalRejectedError) -> None:
         clip = self.limits.clip
-        log.warning("signal_rejected", run_ref=clip("target", envelope.target), sender=clip("sender", envelope.sender),
+        log.info("signal_rejected", run_ref=clip("target", envelope.target), sender=clip("sender", envelope.sender),
                     verdict=exc.verdict)
         try:
             digest = payload_hash(envelope.payload)
