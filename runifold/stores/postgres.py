@@ -71,6 +71,9 @@ T = TypeVar("T")
 log = structlog.get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
+#: the application_name of the store's connections (see pg_stat_activity), and of its listening one
+APPLICATION = "runifold"
+LISTEN_APPLICATION = "runifold-listen"
 Q = queries("postgres")
 RUN, HISTORY, AUDIT = by_ref(Q["run"]), by_ref(Q["history"]), by_ref(Q["audit"])
 SCHEMA_VERSION = migrations("postgres")[-1][0]
@@ -464,7 +467,8 @@ class PostgresWorkflowStore:
     async def _connect_listener(self) -> None:
         try:
             async with asyncio.timeout(self._command_timeout):
-                conn = await asyncpg.connect(self.dsn, timeout=self._command_timeout)
+                conn = await asyncpg.connect(self.dsn, timeout=self._command_timeout,
+                                             server_settings={"application_name": LISTEN_APPLICATION})
                 await _keepalive(self._keepalive_seconds)(conn)
                 await conn.add_listener(CHANNEL, self._notified)
             conn.add_termination_listener(self._listener_lost)
@@ -617,7 +621,8 @@ class _Pool:
         try:
             conn = await asyncpg.connect(
                 self._dsn, timeout=self._command_timeout,
-                server_settings={"statement_timeout": str(int(self._command_timeout * 1000))})
+                server_settings={"statement_timeout": str(int(self._command_timeout * 1000)),
+                                 "application_name": APPLICATION})
             await self._keepalive(conn)
         except BaseException:
             self._opening -= 1

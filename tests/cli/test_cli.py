@@ -157,7 +157,7 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
 
 def test_resolve_cancel_and_migrate(cli: Cli) -> None:
     """resolve settles an ambiguous effect, cancel ends a run once, migrate reports the schema version."""
-    from runifold.stores._migrations import migrations
+    from runifold.stores._sql import migrations
 
     assert cli("migrate").stdout.strip() == f"schema at version {migrations('sqlite')[-1][0]}"
     assert cli("enqueue", "notifying", "1", "--input", '{"n": 3}', "--checkpoint-id", "e1").returncode == 0
