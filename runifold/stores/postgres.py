@@ -74,6 +74,8 @@ CHANNEL = "runifold_work"
 #: the application_name of the store's connections (see pg_stat_activity), and of its listening one
 APPLICATION = "runifold"
 LISTEN_APPLICATION = "runifold-listen"
+#: the longest a lease release waits (it is best effort)
+RELEASE_SECONDS = 1.0
 Q = queries("postgres")
 RUN, HISTORY, AUDIT = by_ref(Q["run"]), by_ref(Q["history"]), by_ref(Q["audit"])
 SCHEMA_VERSION = migrations("postgres")[-1][0]
@@ -359,9 +361,10 @@ class PostgresWorkflowStore:
         return [CommitResult(r["new_revision"], r["at"]) if r["ok"] else r["detail"] for r in rows]
 
     async def release(self, lease: Lease) -> None:
-        # best effort within one command timeout: if it fails, the lease expires on its own
+        # best effort, bounded by RELEASE_SECONDS: a worker releases its leases as it stops, and its
+        # shutdown grace must hold in a network stall; a lease not released expires on its own
         await self._call(lambda conn: conn.execute(Q["release"], lease.run_id, lease.token),
-                         budget=min(self._retry_seconds, self._command_timeout))
+                         budget=min(self._retry_seconds, self._command_timeout, RELEASE_SECONDS))
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
