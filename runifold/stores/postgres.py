@@ -338,11 +338,11 @@ class PostgresWorkflowStore:
         transition: Transition,
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
-        result = await self._commits.submit(_CommitAsk(lease, expected_revision, events,
-                                                       transition_columns(transition), consumed_signals))
+        columns = transition_columns(transition)
+        result = await self._commits.submit(_CommitAsk(lease, expected_revision, events, columns, consumed_signals))
         if isinstance(result, str):
             raise LeaseLostError(lease.run_id, result)
-        if transition_columns(transition) is not None:
+        if columns is not None:
             self._work.set()  # local idle slots recompute their sleep at once
         return result
 
@@ -357,7 +357,8 @@ class PostgresWorkflowStore:
                 raise
             # a commit the database refuses fails alone: the others are sent again one by one
             return [await _answer(self._send_commits([ask])) for ask in asks]
-        rows = sorted(rows, key=lambda r: r["item"])
+        if len(rows) > 1:
+            rows = sorted(rows, key=lambda r: r["item"])
         return [CommitResult(r["new_revision"], r["at"]) if r["ok"] else r["detail"] for r in rows]
 
     async def release(self, lease: Lease) -> None:
@@ -555,25 +556,24 @@ class _CommitAsk(NamedTuple):
 
 def _commit_arrays(asks: Sequence[_CommitAsk]) -> tuple[list[Any], ...]:
     """The arguments of ``runifold_commit`` (``schema.sql`` documents them)."""
-    columns: tuple[list[Any], ...] = tuple([] for _ in range(13))
-    (run, token, expected, first, count, status, due, reason, waits, consumed, types, keys, bodies) = columns
-    for ask in asks:
-        run.append(ask.lease.run_id)
-        token.append(ask.lease.token)
-        expected.append(ask.expected)
-        first.append(len(types) + 1)
-        count.append(len(ask.events))
-        c = ask.columns
-        status.append(None if c is None else str(c.status))
-        due.append(None if c is None else c.due_at)
-        reason.append(None if c is None else c.reason)
-        waits.append(None if c is None else msgspec.json.encode(c.wait_signals).decode())
-        consumed.append(msgspec.json.encode(list(ask.consumed)).decode() if ask.consumed else None)
-        for e in ask.events:
-            types.append(e.type)
-            keys.append(e.key)
-            bodies.append(e.body.decode())
-    return columns
+    events = [e for ask in asks for e in ask.events]
+    return (
+        [ask.lease.run_id for ask in asks], [ask.lease.token for ask in asks], [ask.expected for ask in asks],
+        [len(ask.events) for ask in asks], [_change(ask) for ask in asks],
+        [e.type for e in events], [e.key for e in events], [e.body.decode() for e in events],
+    )
+
+
+def _change(ask: _CommitAsk) -> str | None:
+    """A commit's transition and consumed signals as ``runifold_commit`` reads them; None: it only appends."""
+    c = ask.columns
+    if c is None and not ask.consumed:
+        return None
+    change: dict[str, Any] = {} if c is None else {
+        "status": str(c.status), "due": c.due_at, "reason": c.reason, "waits": c.wait_signals}
+    if ask.consumed:
+        change["consumed"] = list(ask.consumed)
+    return msgspec.json.encode(change).decode()
 
 
 async def _answer(sent: Awaitable[list[T]]) -> T | BaseException:
