@@ -483,7 +483,7 @@ async def _claim_plan(kind: str, url: str) -> tuple[int, str]:
 
     conn = await asyncpg.connect(url)
     plan = msgspec.json.decode(await conn.fetchval(
-        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {Q['claim']}", "probe", ["waiter", "sleeper", "seq"], [], 30.0, "probe"))
+        f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {Q['claim']}", "probe", ["waiter", "sleeper", "seq"], [], 30.0, "probe", 1))
     await conn.close()
     top = plan[0]["Plan"]
 

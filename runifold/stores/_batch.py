@@ -62,17 +62,21 @@ class Batcher(Generic[I, O]):
 
     async def submit(self, item: I) -> O:
         """Send ``item`` in the next batch and return its answer."""
-        pending: _Pending[I, O] = _Pending(item, asyncio.get_running_loop().create_future())
         if self._idle() and self._alone is not None and self._alone == self._mark(item):
             # the last round trip carried this caller's item alone (a run committing step after step,
             # nobody else): nobody will join it, so it goes at once, from the caller's task
             self._direct = True
             try:
-                await self._round_trip([pending])
+                [answer] = await self._send([item])
             finally:
                 self._direct = False
                 self._start()
-            return pending.done.result()
+            self.batches += 1
+            self.items += 1
+            if isinstance(answer, BaseException):
+                raise answer
+            return answer
+        pending: _Pending[I, O] = _Pending(item, asyncio.get_running_loop().create_future())
         self._queue.append(pending)
         self._start()
         return await pending.done

@@ -71,6 +71,11 @@ T = TypeVar("T")
 log = get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
+#: the application_name of the store's connections (see pg_stat_activity), and of its listening one
+APPLICATION = "runifold"
+LISTEN_APPLICATION = "runifold-listen"
+#: the longest a lease release waits (it is best effort)
+RELEASE_SECONDS = 1.0
 Q = queries("postgres")
 RUN, HISTORY, AUDIT = by_ref(Q["run"]), by_ref(Q["history"]), by_ref(Q["audit"])
 SCHEMA_VERSION = migrations("postgres")[-1][0]
@@ -333,11 +338,11 @@ class PostgresWorkflowStore:
         transition: Transition,
         consumed_signals: Sequence[str] = (),
     ) -> CommitResult:
-        result = await self._commits.submit(_CommitAsk(lease, expected_revision, events,
-                                                       transition_columns(transition), consumed_signals))
+        columns = transition_columns(transition)
+        result = await self._commits.submit(_CommitAsk(lease, expected_revision, events, columns, consumed_signals))
         if isinstance(result, str):
             raise LeaseLostError(lease.run_id, result)
-        if transition_columns(transition) is not None:
+        if columns is not None:
             self._work.set()  # local idle slots recompute their sleep at once
         return result
 
@@ -352,13 +357,15 @@ class PostgresWorkflowStore:
                 raise
             # a commit the database refuses fails alone: the others are sent again one by one
             return [await _answer(self._send_commits([ask])) for ask in asks]
-        rows = sorted(rows, key=lambda r: r["item"])
+        if len(rows) > 1:
+            rows = sorted(rows, key=lambda r: r["item"])
         return [CommitResult(r["new_revision"], r["at"]) if r["ok"] else r["detail"] for r in rows]
 
     async def release(self, lease: Lease) -> None:
-        # best effort within one command timeout: if it fails, the lease expires on its own
+        # best effort, bounded by RELEASE_SECONDS: a worker releases its leases as it stops, and its
+        # shutdown grace must hold in a network stall; a lease not released expires on its own
         await self._call(lambda conn: conn.execute(Q["release"], lease.run_id, lease.token),
-                         budget=min(self._retry_seconds, self._command_timeout))
+                         budget=min(self._retry_seconds, self._command_timeout, RELEASE_SECONDS))
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
@@ -464,7 +471,8 @@ class PostgresWorkflowStore:
     async def _connect_listener(self) -> None:
         try:
             async with asyncio.timeout(self._command_timeout):
-                conn = await asyncpg.connect(self.dsn, timeout=self._command_timeout)
+                conn = await asyncpg.connect(self.dsn, timeout=self._command_timeout,
+                                             server_settings={"application_name": LISTEN_APPLICATION})
                 await _keepalive(self._keepalive_seconds)(conn)
                 await conn.add_listener(CHANNEL, self._notified)
             conn.add_termination_listener(self._listener_lost)
@@ -548,25 +556,24 @@ class _CommitAsk(NamedTuple):
 
 def _commit_arrays(asks: Sequence[_CommitAsk]) -> tuple[list[Any], ...]:
     """The arguments of ``runifold_commit`` (``schema.sql`` documents them)."""
-    columns: tuple[list[Any], ...] = tuple([] for _ in range(13))
-    (run, token, expected, first, count, status, due, reason, waits, consumed, types, keys, bodies) = columns
-    for ask in asks:
-        run.append(ask.lease.run_id)
-        token.append(ask.lease.token)
-        expected.append(ask.expected)
-        first.append(len(types) + 1)
-        count.append(len(ask.events))
-        c = ask.columns
-        status.append(None if c is None else str(c.status))
-        due.append(None if c is None else c.due_at)
-        reason.append(None if c is None else c.reason)
-        waits.append(None if c is None else msgspec.json.encode(c.wait_signals).decode())
-        consumed.append(msgspec.json.encode(list(ask.consumed)).decode() if ask.consumed else None)
-        for e in ask.events:
-            types.append(e.type)
-            keys.append(e.key)
-            bodies.append(e.body.decode())
-    return columns
+    events = [e for ask in asks for e in ask.events]
+    return (
+        [ask.lease.run_id for ask in asks], [ask.lease.token for ask in asks], [ask.expected for ask in asks],
+        [len(ask.events) for ask in asks], [_change(ask) for ask in asks],
+        [e.type for e in events], [e.key for e in events], [e.body.decode() for e in events],
+    )
+
+
+def _change(ask: _CommitAsk) -> str | None:
+    """A commit's transition and consumed signals as ``runifold_commit`` reads them; None: it only appends."""
+    c = ask.columns
+    if c is None and not ask.consumed:
+        return None
+    change: dict[str, Any] = {} if c is None else {
+        "status": str(c.status), "due": c.due_at, "reason": c.reason, "waits": c.wait_signals}
+    if ask.consumed:
+        change["consumed"] = list(ask.consumed)
+    return msgspec.json.encode(change).decode()
 
 
 async def _answer(sent: Awaitable[list[T]]) -> T | BaseException:
@@ -617,7 +624,8 @@ class _Pool:
         try:
             conn = await asyncpg.connect(
                 self._dsn, timeout=self._command_timeout,
-                server_settings={"statement_timeout": str(int(self._command_timeout * 1000))})
+                server_settings={"statement_timeout": str(int(self._command_timeout * 1000)),
+                                 "application_name": APPLICATION})
             await self._keepalive(conn)
         except BaseException:
             self._opening -= 1

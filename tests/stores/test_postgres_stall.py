@@ -99,6 +99,7 @@ async def test_an_operation_in_a_stall_gives_up_within_its_retry_budget(proxy: t
         with pytest.raises(StoreUnavailableError, match="unreachable"):
             await store.get_run("c1")
         waited = time.monotonic() - started
+        print(f"read in a stall gave up after {waited:.2f} s (retry budget {RETRY_SECONDS:g} s)")
         # the budget is 1.5 s, attempts in flight included; the bug this guards against waited as long as the stall
         assert waited < RETRY_SECONDS + 2 * COMMAND_TIMEOUT, waited
     finally:
@@ -152,6 +153,7 @@ async def test_a_supervisor_stops_within_its_grace_period_during_a_stall(proxy: 
         supervisor.stop()
         await asyncio.wait_for(running, 30)
         stopped = time.monotonic() - started
+        print(f"supervisor stopped {stopped:.2f} s after stop(), grace {grace:g} s, during a stall")
         # the grace period, then the executor's release of each lease, which the store bounds to COMMAND_TIMEOUT
         assert stopped < grace + COMMAND_TIMEOUT + 0.5, stopped
     finally:

@@ -74,7 +74,7 @@ WHERE run_id = $1 AND status = 'running' AND lease_token = $2 AND lease_until > 
 RETURNING lease_until
 
 -- name: commit
-SELECT item, ok, new_revision, at, detail FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+SELECT item, ok, new_revision, at, detail FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8)
 
 -- name: release
 WITH r AS (

@@ -166,14 +166,14 @@ $$;
 --
 -- One element per commit i:
 --   p_run, p_token, p_expected   the fence: run id, lease token, expected revision
---   p_first, p_count             its events: p_types/p_keys/p_bodies[p_first .. p_first + p_count - 1]
---   p_status                     NULL: append only; otherwise the new status, with
---   p_due, p_reason, p_waits     its due time, reason and waited signal names (a JSON array)
---   p_consumed                   a JSON array of the signal ids it consumed, or NULL
+--   p_count                      how many events it appends (they follow those of commit i - 1)
+--   p_change                     NULL (it only appends), or a JSON object: "status" (absent: no
+--                                transition), "due", "reason", "waits" (signal names), "consumed"
+--                                (signal ids)
+-- One element per event, in order: p_types, p_keys, p_bodies.
 -- One row per commit, item = i - 1; detail says why a refused one was refused.
 CREATE FUNCTION runifold_commit(
-    p_run text[], p_token bigint[], p_expected bigint[], p_first integer[], p_count integer[],
-    p_status text[], p_due double precision[], p_reason text[], p_waits text[], p_consumed text[],
+    p_run text[], p_token bigint[], p_expected bigint[], p_count integer[], p_change text[],
     p_types text[], p_keys text[], p_bodies text[]
 ) RETURNS TABLE (item integer, ok boolean, new_revision bigint, at double precision, detail text)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -181,27 +181,39 @@ LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_now double precision := runifold_now();
     v_n integer := cardinality(p_run);
+    v_first integer[] := array_fill(1, ARRAY[v_n]);
     v_ok boolean[] := array_fill(false, ARRAY[v_n]);
     v_revision bigint[] := array_fill(0::bigint, ARRAY[v_n]);
     v_at double precision[] := array_fill(v_now, ARRAY[v_n]);
     v_detail text[] := array_fill(''::text, ARRAY[v_n]);
     v_run runifold_runs%ROWTYPE;
+    v_change jsonb;
+    v_status text;
+    v_due double precision;
+    v_reason text;
     v_waits text[];
     v_notify boolean := false;
     i integer;
 BEGIN
+    FOR i IN 2 .. v_n LOOP
+        v_first[i] := v_first[i - 1] + p_count[i - 1];
+    END LOOP;
     -- invariant: run rows are locked in run_id order, so concurrent batches never deadlock
     FOR i IN SELECT s FROM generate_subscripts(p_run, 1) AS s ORDER BY p_run[s] LOOP
+        v_change := p_change[i]::jsonb;
+        v_status := v_change->>'status';
+        v_due := (v_change->>'due')::double precision;
+        v_reason := v_change->>'reason';
+        v_waits := ARRAY(SELECT jsonb_array_elements_text(coalesce(v_change->'waits', '[]')));
         -- the fence: the UPDATE takes the run's row lock, so the checks below see every
         -- delivery committed before it, and later deliveries wait for this transaction
-        IF p_status[i] IS NULL THEN
+        IF v_status IS NULL THEN
             UPDATE runifold_runs SET revision = p_expected[i] + p_count[i], updated_at = v_now
             WHERE run_id = p_run[i] AND status = 'running' AND lease_token = p_token[i] AND lease_until > v_now
               AND revision = p_expected[i];
         ELSE
-            v_waits := ARRAY(SELECT jsonb_array_elements_text(p_waits[i]::jsonb));
-            UPDATE runifold_runs SET revision = p_expected[i] + p_count[i], updated_at = v_now, status = p_status[i],
-                due_at = p_due[i], wait_signals = v_waits, reason = p_reason[i], lease_owner = NULL, lease_until = NULL
+            UPDATE runifold_runs SET revision = p_expected[i] + p_count[i], updated_at = v_now, status = v_status,
+                due_at = v_due, wait_signals = v_waits, reason = v_reason, lease_owner = NULL, lease_until = NULL
             WHERE run_id = p_run[i] AND status = 'running' AND lease_token = p_token[i] AND lease_until > v_now
               AND revision = p_expected[i];
         END IF;
@@ -210,12 +222,12 @@ BEGIN
             v_revision[i] := coalesce(v_run.revision, 0);
             IF FOUND AND v_run.lease_token = p_token[i] AND v_run.revision = p_expected[i] + p_count[i] AND (
                 (p_count[i] > 0 AND NOT EXISTS (
-                    SELECT 1 FROM generate_series(p_first[i], p_first[i] + p_count[i] - 1) AS x(n)
-                    LEFT JOIN runifold_events e ON e.run_id = p_run[i] AND e.seq = p_expected[i] + x.n - p_first[i] + 1
+                    SELECT 1 FROM generate_series(v_first[i], v_first[i] + p_count[i] - 1) AS x(n)
+                    LEFT JOIN runifold_events e ON e.run_id = p_run[i] AND e.seq = p_expected[i] + x.n - v_first[i] + 1
                     WHERE e.body IS DISTINCT FROM p_bodies[x.n] OR e.type IS DISTINCT FROM p_types[x.n]
                        OR e.key IS DISTINCT FROM p_keys[x.n]))
-                OR (p_count[i] = 0 AND p_status[i] IS NOT NULL AND v_run.status = p_status[i]
-                    AND v_run.lease_until IS NULL AND v_run.wait_signals = v_waits AND v_run.reason = p_reason[i]))
+                OR (p_count[i] = 0 AND v_status IS NOT NULL AND v_run.status = v_status
+                    AND v_run.lease_until IS NULL AND v_run.wait_signals = v_waits AND v_run.reason = v_reason))
             THEN
                 -- a retry of this very commit, whose first attempt was written and its answer lost
                 v_ok[i] := NULL;  -- answered ok, writes nothing
@@ -231,25 +243,25 @@ BEGIN
         END IF;
         v_ok[i] := true;
         v_revision[i] := p_expected[i] + p_count[i];
-        IF p_consumed[i] IS NOT NULL THEN
+        IF v_change ? 'consumed' THEN
             UPDATE runifold_signals SET consumed = true
-            WHERE run_id = p_run[i] AND signal_id IN (SELECT jsonb_array_elements_text(p_consumed[i]::jsonb));
+            WHERE run_id = p_run[i] AND signal_id IN (SELECT jsonb_array_elements_text(v_change->'consumed'));
         END IF;
-        IF p_status[i] = 'waiting' AND EXISTS (
+        IF v_status = 'waiting' AND EXISTS (
             SELECT 1 FROM runifold_signals s WHERE s.run_id = p_run[i] AND NOT s.consumed AND s.name = ANY (v_waits)
         ) THEN
             -- invariant: a signal that beat the wait wakes the run at once
             UPDATE runifold_runs SET due_at = v_now WHERE run_id = p_run[i];
             v_notify := true;
-        ELSIF p_status[i] IS NOT NULL AND p_due[i] IS NOT NULL THEN
+        ELSIF v_status IS NOT NULL AND v_due IS NOT NULL THEN
             -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
             v_notify := true;
         END IF;
     END LOOP;
     -- the events of every commit that passed its fence, in one statement
     INSERT INTO runifold_events (run_id, seq, type, key, at, body)
-    SELECT p_run[c], p_expected[c] + n - p_first[c] + 1, p_types[n], p_keys[n], v_now, p_bodies[n]
-    FROM generate_subscripts(p_run, 1) AS c, generate_series(p_first[c], p_first[c] + p_count[c] - 1) AS n
+    SELECT p_run[c], p_expected[c] + n - v_first[c] + 1, p_types[n], p_keys[n], v_now, p_bodies[n]
+    FROM generate_subscripts(p_run, 1) AS c, generate_series(v_first[c], v_first[c] + p_count[c] - 1) AS n
     WHERE v_ok[c];
     IF v_notify THEN
         PERFORM pg_notify('runifold_work', '');
