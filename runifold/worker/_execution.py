@@ -162,7 +162,8 @@ class Execution(LiveProgress):
         # events that must be durable before their action runs: (events, action after the commit)
         self._outbox: list[tuple[list[AnyEvent], Callable[[], None]]] = []
         self._bodies: set[asyncio.Task[Any]] = set()
-        self._finished: list[tuple[Call, asyncio.Task[Any], str]] = []
+        self._starts = []
+        self._finished = []
         self._failure: tuple[str, BaseException | None, str] | None = None  # reason, exception, call key
         self._divergence: NondeterminismError | None = None
         self._lost: str | None = None
@@ -251,7 +252,7 @@ class Execution(LiveProgress):
     def _register(self, key: str, kind: CallKind, returns: Any, **fields: Any) -> Call:
         """Register a call made by workflow code; its future is resolved by the driver only."""
         events = self._visit(key, kind)
-        call = Call(key, kind, self._loop.create_future(), returns, context=contextvars.copy_context(), **fields)
+        call = Call(key, kind, self._loop.create_future(), returns, **fields)
         if self._divergence is not None:
             return call  # never resolved: the driver ends the execution
         self._calls[key] = call
@@ -440,8 +441,11 @@ class Execution(LiveProgress):
                 continue
             if self._failure is None and not root.done():
                 self._advance()
-                if self._resolutions or self._outbox or loop.has_ready:
-                    continue
+            if self._starts:
+                await self._launch()
+                continue
+            if self._resolutions or self._outbox or loop.has_ready:
+                continue
             if self._bodies or (loop.waiting_in_real_time and not root.done()):
                 await self._wait(self._next_due())
                 continue

@@ -65,6 +65,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
     def run_ready(self) -> None:
         """Run workflow code until no workflow task is runnable."""
+        if not self._ready:
+            return
         outer = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(self)
         self._stepping = True
