@@ -210,9 +210,9 @@ class Execution(LiveProgress):
         fire_at = until if until is not None else self.store_time() + (delay or 0.0)
         await self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at).future
 
-    async def wait_signal(self, scope: Scope, name: str, timeout: float | None) -> Any:
+    async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any = Any) -> Any:
         deadline = None if timeout is None else self.store_time() + timeout
-        return await self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, Any, name=name, due=deadline).future
+        return await self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name, due=deadline).future
 
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         key = scope.key(kind)
@@ -403,7 +403,10 @@ class Execution(LiveProgress):
             else:
                 self._fail(exc, "")
             return False
-        self._root = self._loop.start(self._workflow(kwargs), Binding(self, Scope()))
+        ctx = contextvars.copy_context()
+        # log lines of workflow code carry the run id (structlog's contextvars)
+        ctx.run(structlog.contextvars.bind_contextvars, run_id=self.run_id)
+        self._root = self._loop.start(self._workflow(kwargs), Binding(self, Scope()), ctx)
         return True
 
     async def _workflow(self, kwargs: dict[str, Any]) -> Any:
@@ -502,7 +505,7 @@ class Execution(LiveProgress):
                 wait = wait_state(events)
                 if isinstance(wait, WaitReceived):
                     steps.append((key, "signal received"))
-                    return self._converted(call, wait.payload), None
+                    return self._payload(call, wait.payload)
                 steps.append((key, "wait timed out"))
                 return None, WaitTimeoutError(key, call.name)
             case _:

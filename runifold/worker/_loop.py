@@ -90,9 +90,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         """A workflow task awaits ``asyncio.sleep``, a timeout or ``asyncio.to_thread``."""
         return bool(self._timers) or self._jobs > 0
 
-    def start(self, coro: Coroutine[Any, Any, Any], binding: Binding) -> asyncio.Task[Any]:
-        """Create the workflow's root task, bound to ``binding``."""
-        ctx = contextvars.copy_context()
+    def start(self, coro: Coroutine[Any, Any, Any], binding: Binding, ctx: contextvars.Context) -> asyncio.Task[Any]:
+        """Create the workflow's root task in ``ctx`` (a context of its own), bound to ``binding``."""
         ctx.run(current.set, binding)
         return self._task(coro, ctx, None)
 

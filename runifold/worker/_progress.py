@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 
 import msgspec
+import structlog
 
 from runifold.dsl import Evidence, ResumePolicy, WorkflowDefinition
 from runifold.dsl._decorators import EffectOutcomeUnknown
@@ -104,6 +106,14 @@ class LiveProgress:
     def _next_due(self) -> float | None:
         raise NotImplementedError
 
+    @staticmethod
+    def _payload(call: Call, payload: Any) -> tuple[Any, BaseException | None]:
+        """A signal's payload as the wait's type; one that does not fit is the workflow's error, live and replayed."""
+        try:
+            return convert(payload, call.returns, what=f"the payload of signal {call.name!r} ({call.key})"), None
+        except SerializationError as exc:
+            return None, exc
+
     def _resolve(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
         """Queue an outcome; the driver hands them over one at a time, in the order queued."""
         self._resolutions.append((call, value, error))
@@ -154,7 +164,8 @@ class LiveProgress:
                 ))
                 self._open.remove(call)
                 self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
-                self._resolve(call, convert(signal.payload, call.returns, what=call.key))
+                value, error = self._payload(call, signal.payload)
+                self._resolve(call, value, error)
                 return
         if call.due is not None and now >= call.due:
             self._open.remove(call)
@@ -194,7 +205,8 @@ class LiveProgress:
         if not self._allowed(call, CallKind.STEP, spec.requires):
             return
         self.usage.steps += 1
-        self._spawn(call, spec.fn, call.args, call.kwargs, None, "body")
+        timeout = None if spec.timeout is None else spec.timeout.total_seconds()
+        self._spawn(call, spec.fn, call.args, call.kwargs, timeout, "body")
 
     def _start_effect(self, call: Call) -> None:
         spec = call.spec
@@ -263,6 +275,8 @@ class LiveProgress:
             task = asyncio.current_task()
             value: Any = None
             exc: BaseException | None = None
+            # this task is the run's own: bind what user code's log lines carry, and unbind after
+            bound = structlog.contextvars.bind_contextvars(run_id=self.run_id, key=start.call.key)
             try:
                 value = await _body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
@@ -271,12 +285,15 @@ class LiveProgress:
                 exc = err  # the body raised CancelledError itself: a failure like any other
             except Exception as err:
                 exc = err
+            finally:
+                structlog.contextvars.reset_contextvars(**bound)
             self._finished.append((start.call, value, exc, start.what))
             return
         for start in starts:
             # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
-            task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout),
-                                           context=contextvars.copy_context())
+            ctx = contextvars.copy_context()
+            ctx.run(structlog.contextvars.bind_contextvars, run_id=self.run_id, key=start.call.key)
+            task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout), context=ctx)
             self._bodies.add(task)
             task.add_done_callback(functools.partial(self._body_done, start))
 
@@ -431,7 +448,14 @@ class LiveProgress:
 
 
 async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
+    """Run one body: a coroutine function on this loop, a plain function in a worker thread."""
     if timeout is None:
-        return await fn(*args, **kwargs)
+        return await _call(fn, args, kwargs)
     async with asyncio.timeout(timeout):
+        return await _call(fn, args, kwargs)
+
+
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)
