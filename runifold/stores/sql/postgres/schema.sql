@@ -201,10 +201,13 @@ BEGIN
     -- invariant: run rows are locked in run_id order, so concurrent batches never deadlock
     FOR i IN SELECT s FROM generate_subscripts(p_run, 1) AS s ORDER BY p_run[s] LOOP
         v_change := p_change[i]::jsonb;
-        v_status := v_change->>'status';
-        v_due := (v_change->>'due')::double precision;
-        v_reason := v_change->>'reason';
-        v_waits := ARRAY(SELECT jsonb_array_elements_text(coalesce(v_change->'waits', '[]')));
+        v_status := NULL;
+        IF v_change IS NOT NULL THEN
+            v_status := v_change->>'status';
+            v_due := (v_change->>'due')::double precision;
+            v_reason := v_change->>'reason';
+            v_waits := ARRAY(SELECT jsonb_array_elements_text(coalesce(v_change->'waits', '[]')));
+        END IF;
         -- the fence: the UPDATE takes the run's row lock, so the checks below see every
         -- delivery committed before it, and later deliveries wait for this transaction
         IF v_status IS NULL THEN
@@ -243,7 +246,7 @@ BEGIN
         END IF;
         v_ok[i] := true;
         v_revision[i] := p_expected[i] + p_count[i];
-        IF v_change ? 'consumed' THEN
+        IF v_change IS NOT NULL AND v_change ? 'consumed' THEN
             UPDATE runifold_signals SET consumed = true
             WHERE run_id = p_run[i] AND signal_id IN (SELECT jsonb_array_elements_text(v_change->'consumed'));
         END IF;
