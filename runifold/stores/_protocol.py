@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, final
 
 import msgspec
 
-from runifold.errors import InvalidInputError, InvalidStateError, SerializationError
+from runifold.errors import InvalidInputError, SerializationError
 from runifold.history import RunStarted, encode_event, encode_value, to_plain, type_tag
 
 

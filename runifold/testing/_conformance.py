@@ -22,7 +22,6 @@ from runifold.errors import (
     SerializationError,
     SignalConflictError,
     SignalRejectedError,
-    StoreError,
 )
 from runifold.history import RunCancelled, StepCompleted, decode_event
 from runifold.stores import (

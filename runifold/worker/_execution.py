@@ -44,7 +44,7 @@ import structlog
 from runifold._log import get_logger
 
 from runifold.dsl import WorkflowContext, WorkflowDefinition
-from runifold.dsl._context import Binding, Scope, current
+from runifold.dsl._context import Binding, Scope
 from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import (
     BudgetExceededError,
@@ -55,6 +55,7 @@ from runifold.errors import (
     SerializationError,
     StepFailedError,
     StoreError,
+    StoreUnavailableError,
     WaitTimeoutError,
     describe,
     traceback_of,
@@ -122,6 +123,8 @@ log = get_logger("runifold.worker")
 DIVERGED_RETRY_SECONDS = 60.0
 #: how long a stopping execution waits for the bodies it cancelled
 _BODY_GRACE = 1.0
+#: the pause before a commit whose answer was lost (the store unreachable) is sent again
+_RESEND_PAUSE = 0.5
 
 
 class _Stop(Exception):
@@ -553,19 +556,26 @@ class Execution(LiveProgress):
         buffered, outbox, consumed = len(self._buffer), list(self._outbox), list(self._consumed)
         events = self._buffer[:buffered] + [event for batch, _ in outbox for event in batch]
         rows = [EventRow.of(event) for event in events]
-        # invariant: tasks the store creates get no binding, or they would take scopes of workflow tasks
-        token = current.set(None)
-        try:
-            result = await live.store.commit(live.lease, self.revision, rows, transition, consumed)
-        except LeaseLostError as exc:
-            self._lose(str(exc))
-            raise _Stop() from None
-        except StoreError as exc:
-            self.log.warning("commit_failed", error=str(exc))
-            self._store_error = exc
-            raise _Stop() from None
-        finally:
-            current.reset(token)
+        while True:
+            try:
+                result = await live.store.commit(live.lease, self.revision, rows, transition, consumed)
+                break
+            except LeaseLostError as exc:
+                self._lose(str(exc))
+                raise _Stop() from None
+            except StoreUnavailableError as exc:
+                # the store could not be reached for its whole retry budget: the commit may or may not have
+                # landed, and resending it is safe (a store recognises its own write), for as long as the lease holds
+                if self.store_time() + _RESEND_PAUSE >= live.lease.until:
+                    self.log.warning("commit_failed", error=str(exc))
+                    self._store_error = exc
+                    raise _Stop() from None
+                self.log.warning("commit_resent", error=str(exc))
+                await asyncio.sleep(_RESEND_PAUSE)
+            except StoreError as exc:
+                self.log.warning("commit_failed", error=str(exc))
+                self._store_error = exc
+                raise _Stop() from None
         self.revision = result.revision
         # invariant: exactly what was committed leaves the buffers; anything added meanwhile stays for the next
         del self._buffer[:buffered]

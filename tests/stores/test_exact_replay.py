@@ -23,6 +23,7 @@ from runifold import (
     RunStatus,
     StepFailedError,
     StoreError,
+    StoreUnavailableError,
     Supervisor,
     Suspended,
     WaitTimeoutError,
@@ -412,6 +413,32 @@ async def test_a_store_error_on_commit_is_not_raised_into_the_workflow(store: An
     assert await event_types(store, "f1") == ["run_started"]
     done = await worker(failing, WorkflowDefinition(guarded)).run_once()
     assert isinstance(done, Completed) and done.output == "step 2"  # the step ran again: its result was never recorded
+
+
+class LostAnswers:
+    """A real store whose next ``losses`` commits are written but answered with StoreUnavailableError (a lost answer)."""
+
+    def __init__(self, store: Any, losses: int) -> None:
+        self._store = store
+        self.losses = losses
+
+    async def commit(self, *args: Any, **kwargs: Any) -> Any:
+        result = await self._store.commit(*args, **kwargs)
+        if self.losses:
+            self.losses -= 1
+            raise StoreUnavailableError("the connection dropped before the answer came back")
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_commit_whose_answer_was_lost_is_sent_again_and_recognised(store: Any) -> None:
+    """The store wrote the commit but its answer was lost: the worker resends it, the store recognises its own write."""
+    await store.enqueue(WorkflowTask("guarded", 1, {}, checkpoint_id="f2"))
+    done = await worker(LostAnswers(store, losses=2), WorkflowDefinition(guarded)).run_once()
+    assert isinstance(done, Completed) and done.output == "step 1"
+    assert await event_types(store, "f2") == ["run_started", "step_completed", "run_completed"]
 
 
 # -- 12. budgets count what ran ----------------------------------------------------------------------
