@@ -7,6 +7,7 @@ from runifold.client import Client, RunHandle, connect
 from runifold.dsl import (
     Budget,
     CapabilitySet,
+    ConcurrencyLimit,
     EffectOutcomeUnknown,
     Evidence,
     ResumePolicy,
@@ -32,6 +33,7 @@ from runifold.errors import (
     RunFailure,
     RunifoldError,
     RunNotFoundError,
+    ScheduleNotFoundError,
     SerializationError,
     SignalConflictError,
     SignalRejectedError,
@@ -44,7 +46,7 @@ from runifold.errors import (
 )
 from runifold.history import Checkpoint, Phase, Resolution, Usage
 from runifold.signals import Authenticator, HmacKeyRing, SignalEnvelope, SignalGateway, SignalLimits, sign
-from runifold.stores import RunInfo, RunStatus, WorkflowStore, WorkflowTask, open_store
+from runifold.stores import RunInfo, RunStatus, Schedule, ScheduleInfo, WorkflowStore, WorkflowTask, open_store
 from runifold.worker import (
     Completed,
     DefinitionUnavailable,
@@ -77,6 +79,7 @@ __all__ = [
     "Checkpoint",
     "Client",
     "Completed",
+    "ConcurrencyLimit",
     "ConfigurationError",
     "DefinitionUnavailable",
     "EffectFailedError",
@@ -107,6 +110,9 @@ __all__ = [
     "RunNotFoundError",
     "RunStatus",
     "RunifoldError",
+    "Schedule",
+    "ScheduleInfo",
+    "ScheduleNotFoundError",
     "SerializationError",
     "SignalConflictError",
     "SignalEnvelope",

@@ -9,6 +9,7 @@
     ├── InvalidInputError         a task's input does not fit the workflow's signature
     ├── EnqueueConflictError      checkpoint id reused with a different task
     ├── RunNotFoundError          no run with that id or checkpoint id
+    ├── ScheduleNotFoundError     no schedule with that name
     ├── InvalidStateError         the operation does not fit the run's state
     ├── LeaseLostError            a commit or renewal was fenced off
     ├── NondeterminismError       code and recorded history disagree
@@ -47,6 +48,7 @@ __all__ = [
     "RunFailure",
     "RunNotFoundError",
     "RunifoldError",
+    "ScheduleNotFoundError",
     "SerializationError",
     "SignalConflictError",
     "SignalRejectedError",
@@ -107,6 +109,14 @@ class RunNotFoundError(RunifoldError):
     def __init__(self, ref: str) -> None:
         self.ref = ref
         super().__init__(f"no run with id or checkpoint id {ref!r}; list runs with `runifold runs list`")
+
+
+class ScheduleNotFoundError(RunifoldError):
+    """No schedule has the given name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"no schedule named {name!r}; list schedules with `runifold schedule list`")
 
 
 class InvalidStateError(RunifoldError):

@@ -34,7 +34,8 @@ async def reset_postgres(dsn: str) -> None:
     try:
         exists = await conn.fetchval("SELECT to_regclass('runifold_runs') IS NOT NULL")
         if exists:
-            await conn.execute("TRUNCATE runifold_runs, runifold_events, runifold_signals, runifold_signal_audit")
+            await conn.execute("TRUNCATE runifold_runs, runifold_events, runifold_signals, runifold_signal_audit, "
+                               "runifold_schedules")
     finally:
         await conn.close()
 

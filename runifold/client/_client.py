@@ -19,7 +19,7 @@ from runifold.errors import ConfigurationError, RunFailedError
 from runifold.history import Entry, RunCompleted, RunFailed, convert, decode_event, fold
 from runifold.stores import RunInfo, WorkflowStore, WorkflowTask, open_store
 from runifold.worker import WorkflowRegistry, cancel_run
-from runifold.worker._registry import bind_input
+from runifold.worker._registry import bind_input, with_concurrency
 
 #: how often ``result()`` looks at a run whose store cannot notify it: from the first interval, doubling to the last
 POLL_SECONDS = (0.02, 0.5)
@@ -116,13 +116,17 @@ class Client:
         *,
         version: int | None = None,
         checkpoint_id: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
     ) -> RunHandle:
         """Start a run of ``workflow`` (a ``@workflow`` function, its definition, or a name with ``version``).
 
         Idempotent by ``checkpoint_id``: starting the same task under the same id
         returns a handle to the existing run. The input is checked against the
         workflow's signature first when the code is known (a function, a definition,
-        or a name the registry holds).
+        or a name the registry holds). The run gets ``concurrency_key`` and
+        ``concurrency_limit`` if given, else its definition's ``ConcurrencyLimit``
+        when the code is known (a definition, or a name the registry holds).
 
         Raises:
             EnqueueConflictError: ``checkpoint_id`` names a run of a different task.
@@ -138,10 +142,11 @@ class Client:
             name = workflow
         else:
             raise ConfigurationError(f"start() takes a @workflow function, a WorkflowDefinition or a name, got {workflow!r}")
-        task = WorkflowTask(name, version, dict(input or {}), checkpoint_id)
+        task = WorkflowTask(name, version, dict(input or {}), checkpoint_id, concurrency_key, concurrency_limit)
         definition = self._definition(workflow, name, version)
         if definition is not None:
             bind_input(definition, dict(task.input))
+            task = with_concurrency(definition, task)
         result = await self.store.enqueue(task)
         returns = definition.spec.returns.get() if definition is not None else None
         return RunHandle(self, result.run_id, checkpoint_id, returns)

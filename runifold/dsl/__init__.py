@@ -1,5 +1,6 @@
 """How users write workflows: decorators, context and definitions."""
 
+from runifold.dsl._concurrency import ConcurrencyLimit
 from runifold.dsl._context import WorkflowContext
 from runifold.dsl._decorators import EffectOutcomeUnknown, effect, step, workflow
 from runifold.dsl._definition import (
@@ -15,7 +16,7 @@ from runifold.dsl._definition import (
 )
 
 __all__ = [
-    "Budget", "CapabilitySet", "EffectOutcomeUnknown", "EffectSpec", "Evidence", "ResumePolicy",
+    "Budget", "CapabilitySet", "ConcurrencyLimit", "EffectOutcomeUnknown", "EffectSpec", "Evidence", "ResumePolicy",
     "RetryPolicy", "StepSpec", "WorkflowContext", "WorkflowDefinition", "WorkflowSpec",
     "effect", "step", "workflow",
 ]

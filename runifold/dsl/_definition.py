@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, final
 
+from runifold.dsl._concurrency import ConcurrencyLimit
 from runifold.errors import ConfigurationError
 
 WORKFLOW_ATTR = "__runifold_workflow__"
@@ -231,9 +232,12 @@ class WorkflowDefinition:
         capabilities: what its steps and effects may do.
         signals: for each signal name the workflow accepts, the senders allowed
             to send it (``"*"`` admits any authenticated sender).
+        concurrency: the concurrency key and limit given to the runs of this
+            definition that are validated or started through code that knows it
+            (``WorkflowRegistry.validate``, ``Client.start``, the CLI, schedules).
     """
 
-    __slots__ = ("budget", "capabilities", "fn", "signals", "spec")
+    __slots__ = ("budget", "capabilities", "fn", "signals", "spec", "concurrency")
 
     def __init__(
         self,
@@ -242,6 +246,7 @@ class WorkflowDefinition:
         capabilities: CapabilitySet | None = None,
         *,
         signals: Mapping[str, Collection[str]] | None = None,
+        concurrency: ConcurrencyLimit | None = None,
     ) -> None:
         spec = getattr(fn, WORKFLOW_ATTR, None)
         if not isinstance(spec, WorkflowSpec):
@@ -256,6 +261,9 @@ class WorkflowDefinition:
         self.signals: dict[str, frozenset[str]] = {
             check_signal_name(name): frozenset(senders) for name, senders in (signals or {}).items()
         }
+        if concurrency is not None and not isinstance(concurrency, ConcurrencyLimit):
+            raise ConfigurationError(f"concurrency must be a ConcurrencyLimit, e.g. ConcurrencyLimit(3), got {concurrency!r}")
+        self.concurrency = concurrency
 
     @property
     def name(self) -> str:

@@ -27,9 +27,10 @@ from runifold.stores._protocol import (
     WorkflowStore,
     WorkflowTask,
 )
+from runifold.stores._schedule import Schedule, ScheduleInfo
 
 __all__ = [
     "AuditRecord", "Claim", "CommitResult", "Continue", "EnqueueResult", "EventRow", "Finish",
-    "InboxSignal", "Lease", "Reschedule", "RunInfo", "RunStatus", "SignalDelivery", "SignalReceipt",
+    "InboxSignal", "Lease", "Reschedule", "RunInfo", "RunStatus", "Schedule", "ScheduleInfo", "SignalDelivery", "SignalReceipt",
     "StoredEvent", "Suspend", "Transition", "WorkflowStore", "WorkflowTask", "open_store",
 ]

@@ -12,6 +12,9 @@ store keeps, checked by the conformance suite in ``runifold.testing``:
 * a run is claimable when ``due_at <= now``: READY, WAITING and DIVERGED runs
   at their due time, RUNNING runs once their lease expired. PARKED and finished
   runs have no due time and are never claimed;
+* a due run with a concurrency key is passed over while its key is at its
+  limit (see :func:`runifold.stores._rule.holds_slot`); the claim takes the next
+  one, and the run stays due;
 * a run reference is a run id (``run_`` + 24 hex digits, see :func:`new_run_id`)
   or a checkpoint id, which may not start with ``run_``: the two namespaces
   never meet, and :func:`ref_column` says which one a reference names. Every
@@ -28,12 +31,15 @@ import secrets
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, final
+from typing import TYPE_CHECKING, Any, Literal, Protocol, final
 
 import msgspec
 
 from runifold.errors import InvalidInputError, SerializationError
 from runifold.history import RunStarted, encode_event, encode_value, to_plain, type_tag
+
+if TYPE_CHECKING:
+    from runifold.stores._schedule import Schedule, ScheduleInfo
 
 
 class RunStatus(enum.StrEnum):
@@ -65,12 +71,18 @@ class WorkflowTask:
         checkpoint_id: the caller's durable identity of the run. Enqueueing the
             same id again returns the existing run (same task) or raises
             :class:`EnqueueConflictError` (different task).
+        concurrency_key: runs sharing a key share its limit: a claim takes a run
+            only while fewer than ``concurrency_limit`` runs of its key are
+            running (claimed under an unexpired lease). Both or neither.
+        concurrency_limit: how many runs of ``concurrency_key`` may run at once.
     """
 
     name: str
     version: int
     input: Mapping[str, Any]
     checkpoint_id: str | None = None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -92,6 +104,7 @@ class WorkflowTask:
                 check_text(self.checkpoint_id, what="the checkpoint id")
         except SerializationError as exc:
             raise InvalidInputError(str(exc)) from exc
+        check_concurrency(self.concurrency_key, self.concurrency_limit)
         try:
             to_plain(dict(self.input), what="the task input")
         except Exception as exc:
@@ -230,6 +243,9 @@ class RunInfo(msgspec.Struct, frozen=True):
     reason: str
     #: how many times a claim took this run over from a worker whose lease had expired
     recoveries: int = 0
+    #: the run's concurrency key and limit (see :class:`WorkflowTask`), or None
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
 
 class SignalDelivery(msgspec.Struct, frozen=True):
@@ -316,7 +332,10 @@ class WorkflowStore(Protocol):
     async def claim(
         self, owner: str, names: Collection[str], lease_seconds: float, exclude: Collection[str] = ()
     ) -> Claim | None:
-        """Claim the most overdue claimable run of one of ``names``, if any."""
+        """Claim the most overdue claimable run of one of ``names``, if any.
+
+        A run whose concurrency key is at its limit is passed over (it stays due).
+        """
         ...
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
@@ -420,6 +439,41 @@ class WorkflowStore(Protocol):
         """Return when new work may be claimable, or after ``timeout`` seconds."""
         ...
 
+    async def add_schedule(self, schedule: Schedule) -> ScheduleInfo:
+        """Keep ``schedule``, replacing the one of its name (see :func:`runifold.stores._rule.schedule_added`).
+
+        Adding a schedule identical to the stored one changes nothing. A new or
+        changed one starts with its first tick after now; a replaced one keeps
+        its paused state.
+        """
+        ...
+
+    async def delete_schedule(self, name: str) -> None:
+        """Delete a schedule (runs it started stay).
+
+        Raises:
+            ScheduleNotFoundError: no schedule of that name.
+        """
+        ...
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        """Every schedule, by name."""
+        ...
+
+    async def pause_schedule(self, name: str, *, paused: bool = True) -> ScheduleInfo:
+        """Pause a schedule (no tick starts while paused), or resume it (``paused=False``): ticks due while it
+        was paused are never started.
+
+        Raises:
+            ScheduleNotFoundError: no schedule of that name.
+        """
+        ...
+
+    async def advance_schedules(self, ticks: Mapping[str, float]) -> None:
+        """Record that each named schedule started its ticks up to ``ticks[name]`` (``last_tick`` only grows;
+        names no longer stored are ignored)."""
+        ...
+
     async def close(self) -> None:
         """Release connections."""
         ...
@@ -458,6 +512,31 @@ def check_text(value: str, *, what: str) -> None:
     except UnicodeEncodeError as exc:
         raise SerializationError(f"{what} {value!r} is not valid Unicode ({exc.reason}); "
                                  "decode bytes with errors='replace'") from exc
+
+
+#: the longest concurrency key a task may name
+MAX_CONCURRENCY_KEY = 200
+
+
+def check_concurrency(key: str | None, limit: int | None) -> None:
+    """Refuse a concurrency key without a limit (or the reverse), an empty or unkeepable key, a limit below 1."""
+    if key is None and limit is None:
+        return
+    if key is None or limit is None:
+        raise InvalidInputError(
+            f"concurrency_key and concurrency_limit go together, got key {key!r} and limit {limit!r}; "
+            "give both (at most `limit` runs of `key` at once) or neither"
+        )
+    if not isinstance(key, str) or not key or len(key) > MAX_CONCURRENCY_KEY:
+        raise InvalidInputError(
+            f"concurrency_key must be a string of 1 to {MAX_CONCURRENCY_KEY} characters, got {key!r:.80}"
+        )
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise InvalidInputError(f"concurrency_limit must be an integer >= 1, got {limit!r}")
+    try:
+        check_text(key, what="the concurrency key")
+    except SerializationError as exc:
+        raise InvalidInputError(str(exc)) from exc
 
 
 def clean_text(value: str) -> str:

@@ -20,6 +20,12 @@ The commit rule: a commit from ``lease`` that read ``expected`` revision
 4. a run that starts waiting for a signal already in its inbox is *due now*:
    no wake-up is lost to a signal that beat the wait;
 5. idle workers are *woken* whenever a due time was set.
+
+The claim rule: the most overdue due run of the asked names is claimed, except
+that a run with a concurrency key is *passed over* while as many runs of its
+key as its limit hold a slot (:func:`holds_slot`: running under an unexpired
+lease). A passed-over run stays due; the claim takes the next one. Idle workers
+are woken when a run with a key leaves RUNNING, since that frees a slot.
 """
 
 from __future__ import annotations
@@ -89,6 +95,24 @@ def commit_due(columns: RunColumns, now: float, unconsumed: Collection[str]) -> 
     if columns.status is RunStatus.WAITING and any(name in unconsumed for name in columns.wait_signals):
         return now  # invariant: a signal that beat the wait wakes the run at once
     return columns.due_at
+
+
+def holds_slot(status: RunStatus, lease_until: float | None, now: float) -> bool:
+    """A run holds a slot of its concurrency key while it runs under an unexpired lease.
+
+    A waiting, parked or rescheduled run holds none, and neither does a running
+    run whose lease expired (its worker is gone; the claim that recovers it takes
+    a slot again).
+    """
+    return status is RunStatus.RUNNING and lease_until is not None and lease_until > now
+
+
+def passed_over(limit: int | None, running: int) -> bool:
+    """A due run is passed over by the claim while ``running`` runs of its key hold a slot and that reaches its limit.
+
+    The limit is the claimed run's own (runs of one key should carry one limit).
+    """
+    return limit is not None and running >= limit
 
 
 def recovered(run: RunState) -> bool:
@@ -170,3 +194,21 @@ def enqueue_verdict(
     if not same:
         return "conflict"
     return "retried" if existing[0] == run_id else "existing"
+
+
+def schedule_added(existing: tuple[object, ...] | None, definition: tuple[object, ...]) -> str:
+    """``created``, ``unchanged`` or ``replaced``: what adding a schedule with ``definition`` does.
+
+    ``existing`` is the definition stored under the name, if any. A created or
+    replaced schedule's ``last_tick`` becomes now (its ticks start after the
+    add) and a replaced one keeps its paused state; an unchanged one is not
+    written at all, so re-adding a schedule on every deploy loses no tick.
+    """
+    if existing is None:
+        return "created"
+    return "unchanged" if tuple(existing) == tuple(definition) else "replaced"
+
+
+def resumed_last_tick(paused: bool, last_tick: float, now: float) -> float:
+    """The ``last_tick`` of a schedule resumed now: the ticks due while it was paused never start."""
+    return max(last_tick, now) if paused else last_tick

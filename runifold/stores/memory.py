@@ -10,13 +10,19 @@ from __future__ import annotations
 import asyncio
 import heapq
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import final
 
 import msgspec
 
-from runifold.errors import EnqueueConflictError, LeaseLostError, RunNotFoundError, SignalConflictError
+from runifold.errors import (
+    EnqueueConflictError,
+    LeaseLostError,
+    RunNotFoundError,
+    ScheduleNotFoundError,
+    SignalConflictError,
+)
 from runifold.stores import _rule
 from runifold.stores._protocol import (
     AuditRecord,
@@ -38,6 +44,7 @@ from runifold.stores._protocol import (
     ref_column,
     transition_columns,
 )
+from runifold.stores._schedule import Schedule, ScheduleInfo
 
 
 @dataclass
@@ -65,6 +72,8 @@ class _Run:
     wait_signals: tuple[str, ...] = ()
     reason: str = ""
     recoveries: int = 0
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
     events: list[StoredEvent] = field(default_factory=list)
     signals: dict[str, _Signal] = field(default_factory=dict)
 
@@ -72,7 +81,7 @@ class _Run:
         return RunInfo(
             self.run_id, self.checkpoint_id, self.name, self.version, self.status, self.revision,
             self.due_at, self.lease_owner, self.lease_token, self.lease_until, self.created_at,
-            self.updated_at, self.reason, self.recoveries,
+            self.updated_at, self.reason, self.recoveries, self.concurrency_key, self.concurrency_limit,
         )
 
     def state(self) -> _rule.RunState:
@@ -99,6 +108,7 @@ class MemoryWorkflowStore:
         self._work = asyncio.Event()
         # (due_at, run_id) entries; stale ones (due_at changed since) are dropped lazily
         self._due: list[tuple[float, str]] = []
+        self._schedules: dict[str, ScheduleInfo] = {}
 
     def _schedule(self, run: _Run, due_at: float | None) -> None:
         run.due_at = due_at
@@ -155,7 +165,8 @@ class MemoryWorkflowStore:
                 results.append(EnqueueResult(existing[0], False))
                 continue
             staged[run_id] = (_Run(run_id, task.checkpoint_id, task.name, task.version, input_json, RunStatus.READY,
-                                   0, now, now, now), task)
+                                   0, now, now, now, concurrency_key=task.concurrency_key,
+                                   concurrency_limit=task.concurrency_limit), task)
             if task.checkpoint_id is not None:
                 by_checkpoint[task.checkpoint_id] = run_id
             results.append(EnqueueResult(run_id, True))
@@ -178,7 +189,7 @@ class MemoryWorkflowStore:
             candidate = self._runs.get(run_id)
             if candidate is None or candidate.due_at != due_at:
                 continue  # stale entry
-            if candidate.name not in names or run_id in exclude:
+            if candidate.name not in names or run_id in exclude or self._at_limit(candidate, now):
                 passed_over.append((due_at, run_id))
                 continue
             run = candidate
@@ -199,6 +210,13 @@ class MemoryWorkflowStore:
         return Claim(run.run_id, run.checkpoint_id, run.name, run.version,
                      Lease(run.run_id, owner, run.lease_token, run.lease_until), now, list(run.events), inbox,
                      recoveries=run.recoveries)
+
+    def _at_limit(self, run: _Run, now: float) -> bool:
+        if run.concurrency_key is None:
+            return False
+        running = sum(1 for r in self._runs.values() if r.concurrency_key == run.concurrency_key
+                      and _rule.holds_slot(r.status, r.lease_until, now))
+        return _rule.passed_over(run.concurrency_limit, running)
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         now = self._clock()
@@ -239,6 +257,8 @@ class MemoryWorkflowStore:
         run.status, run.wait_signals, run.reason = columns.status, columns.wait_signals, columns.reason
         self._clear_lease(run)
         self._schedule(run, _rule.commit_due(columns, now, {s.inbox.name for s in run.unconsumed()}))
+        if run.concurrency_key is not None:
+            self._work.set()  # a slot of its key is free: runs passed over may be claimed now
         return result
 
     async def release(self, lease: Lease) -> None:
@@ -263,6 +283,8 @@ class MemoryWorkflowStore:
         self._clear_lease(run)
         run.status = status
         self._schedule(run, _rule.intervene_due(status, now))
+        if run.concurrency_key is not None:
+            self._work.set()
         return result
 
     async def wake(self, run_ref: str) -> RunInfo:
@@ -369,6 +391,41 @@ class MemoryWorkflowStore:
         except TimeoutError:
             pass
         self._work.clear()
+
+    async def add_schedule(self, schedule: Schedule) -> ScheduleInfo:
+        now = self._clock()
+        found = self._schedules.get(schedule.name)
+        verdict = _rule.schedule_added(None if found is None else found.schedule.definition(), schedule.definition())
+        if found is not None and verdict == "unchanged":
+            return found
+        paused = found is not None and found.paused
+        info = ScheduleInfo(schedule, paused, now, found.created_at if found else now, now)
+        self._schedules[schedule.name] = info
+        return info
+
+    async def delete_schedule(self, name: str) -> None:
+        if self._schedules.pop(name, None) is None:
+            raise ScheduleNotFoundError(name)
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        return [self._schedules[name] for name in sorted(self._schedules)]
+
+    async def pause_schedule(self, name: str, *, paused: bool = True) -> ScheduleInfo:
+        found = self._schedules.get(name)
+        if found is None:
+            raise ScheduleNotFoundError(name)
+        now = self._clock()
+        last_tick = found.last_tick if paused else _rule.resumed_last_tick(found.paused, found.last_tick, now)
+        info = ScheduleInfo(found.schedule, paused, last_tick, found.created_at, now)
+        self._schedules[name] = info
+        return info
+
+    async def advance_schedules(self, ticks: Mapping[str, float]) -> None:
+        for name, tick in ticks.items():
+            found = self._schedules.get(name)
+            if found is not None and tick > found.last_tick:
+                self._schedules[name] = ScheduleInfo(found.schedule, found.paused, tick, found.created_at,
+                                                     found.updated_at)
 
     async def close(self) -> None:
         return None

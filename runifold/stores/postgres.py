@@ -27,7 +27,7 @@ import contextlib
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar, final
 
 import asyncpg  # type: ignore[import-untyped]
@@ -38,6 +38,7 @@ from runifold.errors import (
     EnqueueConflictError,
     LeaseLostError,
     RunNotFoundError,
+    ScheduleNotFoundError,
     SignalConflictError,
     StoreError,
     StoreUnavailableError,
@@ -65,6 +66,7 @@ from runifold.stores._protocol import (
     ref_column,
     transition_columns,
 )
+from runifold.stores._schedule import Schedule, ScheduleInfo
 from runifold.stores._sql import by_ref, migrations, newer_schema, queries
 
 T = TypeVar("T")
@@ -107,7 +109,13 @@ def _translate(exc: BaseException) -> StoreError:
 def _run_info(row: asyncpg.Record) -> RunInfo:
     return RunInfo(row["run_id"], row["checkpoint_id"], row["name"], row["version"], RunStatus(row["status"]),
                    row["revision"], row["due_at"], row["lease_owner"], row["lease_token"], row["lease_until"],
-                   row["created_at"], row["updated_at"], row["reason"], row["recoveries"])
+                   row["created_at"], row["updated_at"], row["reason"], row["recoveries"], row["concurrency_key"],
+                   row["concurrency_limit"])
+
+
+def _schedule_info(row: asyncpg.Record) -> ScheduleInfo:
+    return ScheduleInfo(Schedule.from_row(*list(row.values())[:8]), row["paused"], row["last_tick"],
+                        row["created_at"], row["updated_at"])
 
 
 def _claim_of(row: asyncpg.Record, owner: str) -> Claim:
@@ -289,7 +297,8 @@ class PostgresWorkflowStore:
         # invariant: the run ids are chosen once, before the first attempt: a retry finds its own runs
         args = ([new_run_id(now) for _ in tasks], [t.checkpoint_id for t in tasks], [t.name for t in tasks],
                 [t.version for t in tasks], [t.input_json().decode() for t in tasks], [f.type for f in firsts],
-                [f.key for f in firsts], [f.body.decode() for f in firsts])
+                [f.key for f in firsts], [f.body.decode() for f in firsts], [t.concurrency_key for t in tasks],
+                [t.concurrency_limit for t in tasks])
 
         async def op(conn: asyncpg.Connection) -> list[EnqueueResult]:
             try:
@@ -461,6 +470,29 @@ class PostgresWorkflowStore:
     async def audit(self, run_ref: str) -> list[AuditRecord]:
         rows = await self._call(lambda conn: conn.fetch(AUDIT[ref_column(run_ref)], run_ref))
         return [AuditRecord(*r) for r in rows]
+
+    # -- schedules --------------------------------------------------------------------
+
+    async def add_schedule(self, schedule: Schedule) -> ScheduleInfo:
+        row = await self._call(lambda conn: conn.fetchrow(Q["add_schedule"], schedule.name, *schedule.definition()))
+        return _schedule_info(row)
+
+    async def delete_schedule(self, name: str) -> None:
+        if await self._call(lambda conn: conn.fetchval(Q["delete_schedule"], name)) is None:
+            raise ScheduleNotFoundError(name)
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        return [_schedule_info(row) for row in await self._call(lambda conn: conn.fetch(Q["schedules"]))]
+
+    async def pause_schedule(self, name: str, *, paused: bool = True) -> ScheduleInfo:
+        row = await self._call(lambda conn: conn.fetchrow(Q["pause_schedule"], name, paused))
+        if row is None:
+            raise ScheduleNotFoundError(name)
+        return _schedule_info(row)
+
+    async def advance_schedules(self, ticks: Mapping[str, float]) -> None:
+        names = sorted(ticks)
+        await self._call(lambda conn: conn.execute(Q["advance_schedules"], names, [ticks[n] for n in names]))
 
     # -- waking idle workers ---------------------------------------------------------
 

@@ -28,7 +28,7 @@ import os
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar, final
 
 import msgspec
@@ -44,6 +44,7 @@ from runifold.errors import (
     StoreUnavailableError,
 )
 from runifold.stores import _rule
+from runifold.stores import _sqlite_schedules as schedules
 from runifold.stores._protocol import (
     AuditRecord,
     Claim,
@@ -64,6 +65,7 @@ from runifold.stores._protocol import (
     ref_column,
     transition_columns,
 )
+from runifold.stores._schedule import Schedule, ScheduleInfo
 from runifold.stores._sql import by_ref, migrations, newer_schema, queries
 from runifold.stores._thread import ConnectionThread, Outcome
 
@@ -105,7 +107,7 @@ def _translate(exc: sqlite3.Error, path: str) -> StoreError:
 
 def _run_info(row: Sequence[Any]) -> RunInfo:
     return RunInfo(row[0], row[1], row[2], row[3], RunStatus(row[4]), row[5], row[6], row[7], row[8],
-                   row[9], row[10], row[11], row[12], row[13])
+                   row[9], row[10], row[11], row[12], row[13], row[15], row[16])
 
 
 def _state(row: Sequence[Any]) -> _rule.RunState:
@@ -359,7 +361,7 @@ class SqliteWorkflowStore:
                     results.append(EnqueueResult(existing[0], False))
                     continue
                 conn.execute(Q["insert_run"], (run_id, task.checkpoint_id, task.name, task.version, input_json,
-                                               now, now, now))
+                                               now, now, now, task.concurrency_key, task.concurrency_limit))
                 _insert_events(conn, run_id, 1, [first], now)
                 results.append(EnqueueResult(run_id, True))
             return results
@@ -375,7 +377,7 @@ class SqliteWorkflowStore:
         def op(conn: sqlite3.Connection) -> Claim | None:
             now = self._clock()
             until = now + lease_seconds
-            row = conn.execute(Q["claim"], (owner, until, until, now, now, names_json, exclude_json)).fetchone()
+            row = conn.execute(Q["claim"], (owner, until, now, names_json, exclude_json)).fetchone()
             if row is None:
                 return None
             run_id, checkpoint_id, name, version, token, recoveries = row
@@ -604,6 +606,23 @@ class SqliteWorkflowStore:
         except TimeoutError:
             pass
         self._work.clear()
+
+    # -- schedules (the operations: _sqlite_schedules.py) ------------------------------
+
+    async def add_schedule(self, schedule: Schedule) -> ScheduleInfo:
+        return await self._write(lambda conn: schedules.add(conn, schedule, self._clock()))
+
+    async def delete_schedule(self, name: str) -> None:
+        await self._write(lambda conn: schedules.delete(conn, name))
+
+    async def list_schedules(self) -> list[ScheduleInfo]:
+        return await self._read(schedules.listing)
+
+    async def pause_schedule(self, name: str, *, paused: bool = True) -> ScheduleInfo:
+        return await self._write(lambda conn: schedules.pause(conn, name, paused, self._clock()))
+
+    async def advance_schedules(self, ticks: Mapping[str, float]) -> None:
+        await self._write(lambda conn: schedules.advance(conn, ticks))
 
     async def close(self) -> None:
         """Finish the queued writes, then close the connections."""

@@ -38,6 +38,8 @@ from runifold.stores import (
     WorkflowTask,
 )
 
+from runifold.testing._conformance_schedules import ScheduleAndLimitConformance
+
 LEASE = 30.0
 
 
@@ -63,7 +65,7 @@ async def deliver(store: Any, ref: str, signal_id: str, name: str = "approval", 
     return receipt
 
 
-class StoreConformance:
+class StoreConformance(ScheduleAndLimitConformance):
     """Guarantees every ``WorkflowStore`` keeps. Provide a ``store`` fixture."""
 
     async def _claimed(self, store: Any, checkpoint_id: str = "c1", lease: float = LEASE) -> Lease:

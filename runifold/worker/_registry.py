@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, final
 
@@ -59,13 +60,25 @@ class WorkflowRegistry:
     def validate(self, task: WorkflowTask) -> WorkflowTask:
         """Check that ``task`` names a registered definition and fits its signature.
 
+        Returns the task to enqueue: ``task``, with its definition's concurrency
+        key and limit when the definition has a :class:`ConcurrencyLimit` and the
+        task names no key of its own.
+
         Raises:
             UnknownWorkflowError: no such ``(name, version)``.
-            InvalidInputError: missing, unexpected or mistyped input fields.
+            InvalidInputError: missing, unexpected or mistyped input fields, or a key function that failed.
         """
         definition = self.definition_for(task.name, task.version)
         bind_input(definition, dict(task.input))
+        return with_concurrency(definition, task)
+
+
+def with_concurrency(definition: WorkflowDefinition, task: WorkflowTask) -> WorkflowTask:
+    """``task`` with ``definition``'s concurrency key and limit, unless it names a key or the definition has none."""
+    limit = definition.concurrency
+    if limit is None or task.concurrency_key is not None:
         return task
+    return dataclasses.replace(task, concurrency_key=limit.key_for(task.name, task.input), concurrency_limit=limit.limit)
 
 
 def bind_input(definition: WorkflowDefinition, data: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from runifold._log import get_logger
 from runifold.errors import ConfigurationError, RunifoldError
 from runifold.stores import Claim
 from runifold.worker._outcome import DefinitionUnavailable, Idle
+from runifold.worker._schedules import fire_due_schedules
 from runifold.worker._worker import WorkflowWorker
 
 log = get_logger("runifold.supervisor")
@@ -37,6 +38,12 @@ class Supervisor:
     continue them at once. A second SIGTERM or SIGINT (or ``stop(now=True)``)
     cancels the runs still in flight at once.
 
+    Every ``schedule_every`` (default 1 s; None: never) it also starts the due
+    ticks of the store's schedules whose workflow version its registry holds
+    (see :func:`runifold.worker._schedules.fire_due_schedules`): every worker
+    checks, and each tick still starts one run. A failed check is logged at
+    error (``schedule_check_failed``) and tried again at the next interval.
+
     :attr:`outcomes` counts what the slots saw, by outcome class name
     (``Completed``, ``Idle``, ...) plus ``Error`` and ``UnexpectedError``.
     """
@@ -48,9 +55,13 @@ class Supervisor:
         *,
         idle_wait: timedelta = timedelta(seconds=1),
         grace: timedelta = timedelta(seconds=10),
+        schedule_every: timedelta | None = timedelta(seconds=1),
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        if schedule_every is not None and not schedule_every > timedelta(0):
+            raise ConfigurationError(f"schedule_every must be a positive timedelta or None, got {schedule_every!r}")
+        self.schedule_every = None if schedule_every is None else schedule_every.total_seconds()
         self.worker = worker
         self.concurrency = concurrency
         self.idle_wait = idle_wait.total_seconds()
@@ -90,6 +101,8 @@ class Supervisor:
                     installed.append(sig)
         self.log.info("supervisor_started", concurrency=self.concurrency)
         slots = [asyncio.create_task(self._slot(i)) for i in range(self.concurrency)]
+        if self.schedule_every is not None:
+            slots.append(asyncio.create_task(self._schedules(self.schedule_every)))
         try:
             await self._stopping.wait()
             self.log.info("supervisor_stopping", grace=self.grace)
@@ -133,6 +146,15 @@ class Supervisor:
                 failures += 1
                 await self._survive(index, claim, exc)
                 await self._pause(min(0.1 * 2**failures, 5.0))
+
+    async def _schedules(self, every: float) -> None:
+        """Start the schedules' due ticks every ``every`` seconds until stopped."""
+        while not self._stopping.is_set():
+            try:
+                await fire_due_schedules(self.worker.store, self.worker.registry)
+            except Exception as exc:  # noqa: BLE001 - the next check tries again
+                self.log.error("schedule_check_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+            await self._pause(every)
 
     async def _survive(self, index: int, claim: Claim | None, exc: Exception) -> None:
         """Log and count an exception that ended a slot's turn, and hand back the run it held."""

@@ -50,11 +50,12 @@ def test_public_api_is_pinned() -> None:
     """runifold.__all__ is exactly the documented public API."""
     assert sorted(runifold.__all__) == sorted([
         "Authenticator", "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "Client", "Completed",
-        "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
+        "ConcurrencyLimit", "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
         "EnqueueConflictError", "Evidence", "Failed", "HmacKeyRing", "Idle", "InvalidInputError", "InvalidStateError",
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
         "RegistrationError", "ReplayReport", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailedError", "RunFailure", "RunHandle", "RunInfo",
-        "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalLimits", "SignalRejectedError",
+        "RunNotFoundError", "RunStatus", "RunifoldError", "Schedule", "ScheduleInfo", "ScheduleNotFoundError",
+        "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalLimits", "SignalRejectedError",
         "StepFailedError", "StoreError", "StoreUnavailableError", "Supervisor", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",

@@ -17,7 +17,7 @@ INSERT INTO runifold_schema (version) VALUES ($1)
 SELECT runifold_now()
 
 -- name: enqueue
-SELECT run_id, created FROM runifold_enqueue($1, $2, $3, $4, $5, $6, $7, $8)
+SELECT run_id, created FROM runifold_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 
 -- name: claim
 -- leases up to $6 runs (the claims of one process that met in flight) and returns each one's
@@ -30,19 +30,37 @@ WITH n AS (
     -- a retry of this claim call (its answer lost) gets the run its first attempt leased
     SELECT run_id FROM runifold_runs WHERE claim_nonce = $5 AND status = 'running'
 ), pick AS (
-    SELECT run_id FROM runifold_runs
+    -- a run with a concurrency key whose key looks full (in this statement's snapshot) is passed
+    -- over here already; runifold_admit decides the keyed ones that remain, under their key's lock
+    SELECT run_id, concurrency_key FROM runifold_runs r
     WHERE NOT EXISTS (SELECT 1 FROM again)
       AND due_at IS NOT NULL AND due_at <= (SELECT now FROM n)
       AND name = ANY ($2::text[]) AND NOT (run_id = ANY ($3::text[]))
+      AND (concurrency_key IS NULL OR (
+          SELECT count(*) FROM runifold_runs o WHERE o.concurrency_key = r.concurrency_key AND o.status = 'running'
+            AND o.lease_until > (SELECT now FROM n)) < concurrency_limit)
     ORDER BY due_at LIMIT $6 FOR UPDATE SKIP LOCKED
+), admitted AS (
+    -- only called when a candidate has a key: runs without one never wait for a key's lock
+    SELECT unnest(runifold_admit(ARRAY(SELECT run_id FROM pick WHERE concurrency_key IS NOT NULL),
+                                 (SELECT now FROM n), $2::text[], $3::text[], 16)) AS run_id
+    WHERE EXISTS (SELECT 1 FROM pick WHERE concurrency_key IS NOT NULL)
 ), claimed AS (
     UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,
         lease_until = n.now + $4, due_at = n.now + $4, updated_at = n.now, claim_nonce = $5,
         recoveries = r.recoveries + (r.status = 'running')::integer
-    FROM pick, n WHERE r.run_id = pick.run_id
+    FROM pick, n WHERE r.run_id = pick.run_id AND pick.concurrency_key IS NULL
+    RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until, r.recoveries, n.now
+), claimed_keyed AS (
+    UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,
+        lease_until = n.now + $4, due_at = n.now + $4, updated_at = n.now, claim_nonce = $5,
+        recoveries = r.recoveries + (r.status = 'running')::integer
+    FROM admitted, n WHERE r.run_id = admitted.run_id
     RETURNING r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until, r.recoveries, n.now
 ), got AS (
     SELECT * FROM claimed
+    UNION ALL
+    SELECT * FROM claimed_keyed
     UNION ALL
     SELECT r.run_id, r.checkpoint_id, r.name, r.version, r.lease_token, r.lease_until, r.recoveries,
            r.lease_until - $4
@@ -102,7 +120,7 @@ SELECT runifold_record_rejected($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $1
 
 -- name: run
 SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
-       created_at, updated_at, reason, recoveries
+       created_at, updated_at, reason, recoveries, concurrency_key, concurrency_limit
 FROM runifold_runs WHERE {ref} = $1
 
 -- name: history
@@ -112,7 +130,7 @@ WHERE r.{ref} = $1 ORDER BY e.seq
 
 -- name: list_runs
 SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
-       created_at, updated_at, reason, recoveries
+       created_at, updated_at, reason, recoveries, concurrency_key, concurrency_limit
 FROM runifold_runs
 WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR name = $2) AND ($3::integer IS NULL OR version = $3)
   AND ($4::text IS NULL OR run_id < $4)
@@ -130,3 +148,50 @@ ORDER BY id
 
 -- name: next_due
 SELECT min(due_at) - runifold_now() FROM runifold_runs WHERE due_at > (SELECT runifold_now())
+
+-- name: schedules
+SELECT name, workflow, version, input_json, cron, every_seconds, timezone, catchup_seconds, paused, last_tick,
+       created_at, updated_at
+FROM runifold_schedules ORDER BY name
+
+-- name: add_schedule
+-- the rule of _rule.schedule_added: a new or changed schedule's ticks start after now and a
+-- replaced one keeps its paused state; an identical one is not written (the old row is returned)
+WITH n AS (
+    SELECT runifold_now() AS now
+), put AS (
+    INSERT INTO runifold_schedules AS s (name, workflow, version, input_json, cron, every_seconds, timezone,
+                                         catchup_seconds, paused, last_tick, created_at, updated_at)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, false, n.now, n.now, n.now FROM n
+    ON CONFLICT (name) DO UPDATE SET workflow = excluded.workflow, version = excluded.version,
+        input_json = excluded.input_json, cron = excluded.cron, every_seconds = excluded.every_seconds,
+        timezone = excluded.timezone, catchup_seconds = excluded.catchup_seconds, last_tick = excluded.last_tick,
+        updated_at = excluded.updated_at
+    WHERE (s.workflow, s.version, s.input_json, s.cron, s.every_seconds, s.timezone, s.catchup_seconds)
+        IS DISTINCT FROM (excluded.workflow, excluded.version, excluded.input_json, excluded.cron,
+                          excluded.every_seconds, excluded.timezone, excluded.catchup_seconds)
+    RETURNING s.name, s.workflow, s.version, s.input_json, s.cron, s.every_seconds, s.timezone, s.catchup_seconds,
+              s.paused, s.last_tick, s.created_at, s.updated_at
+)
+SELECT * FROM put
+UNION ALL
+SELECT name, workflow, version, input_json, cron, every_seconds, timezone, catchup_seconds, paused, last_tick,
+       created_at, updated_at
+FROM runifold_schedules WHERE name = $1 AND NOT EXISTS (SELECT 1 FROM put)
+
+-- name: delete_schedule
+DELETE FROM runifold_schedules WHERE name = $1 RETURNING name
+
+-- name: pause_schedule
+-- resuming (the rule of _rule.resumed_last_tick): the ticks due while it was paused never start
+WITH n AS (SELECT runifold_now() AS now)
+UPDATE runifold_schedules s SET paused = $2, updated_at = n.now,
+    last_tick = CASE WHEN s.paused AND NOT $2 THEN greatest(s.last_tick, n.now) ELSE s.last_tick END
+FROM n WHERE s.name = $1
+RETURNING s.name, s.workflow, s.version, s.input_json, s.cron, s.every_seconds, s.timezone, s.catchup_seconds,
+          s.paused, s.last_tick, s.created_at, s.updated_at
+
+-- name: advance_schedules
+UPDATE runifold_schedules s SET last_tick = t.tick
+FROM unnest($1::text[], $2::double precision[]) AS t(name, tick)
+WHERE s.name = t.name AND s.last_tick < t.tick

@@ -26,7 +26,11 @@ CREATE TABLE runifold_runs (
     wait_signals  text[]  NOT NULL DEFAULT '{}',
     reason        text    NOT NULL DEFAULT '',
     created_at    double precision NOT NULL,
-    updated_at    double precision NOT NULL
+    updated_at    double precision NOT NULL,
+    -- a claim passes over a due run while concurrency_limit runs of its concurrency_key are
+    -- running under an unexpired lease (both NULL: no limit)
+    concurrency_key   text,
+    concurrency_limit integer
 );
 CREATE INDEX runifold_runs_due ON runifold_runs (due_at) WHERE due_at IS NOT NULL;
 CREATE INDEX runifold_runs_listing ON runifold_runs (name, version, status);
@@ -35,6 +39,10 @@ CREATE INDEX runifold_runs_claims ON runifold_runs (claim_nonce) WHERE status = 
 -- revision or updated_at, which every step commit changes, so a step updates its run's row
 -- in place (a HOT update) without touching an index
 CREATE INDEX runifold_runs_finished ON runifold_runs (run_id) WHERE status IN ('completed', 'failed', 'cancelled');
+-- the runs of a key that may hold its slots, counted by the claim (status is no column a step
+-- commit changes, so steps stay HOT updates)
+CREATE INDEX runifold_runs_running_key ON runifold_runs (concurrency_key)
+    WHERE status = 'running' AND concurrency_key IS NOT NULL;
 -- A claim walks the due_at index from its oldest entry, and every claim, lease
 -- renewal and final commit leaves a dead entry in it until VACUUM removes it.
 -- With the defaults, autovacuum waits for dead rows worth 20 % of the table
@@ -92,6 +100,24 @@ CREATE TABLE runifold_signal_audit (
 CREATE INDEX runifold_signal_audit_run ON runifold_signal_audit (run_id, id);
 CREATE INDEX runifold_signal_audit_ref ON runifold_signal_audit (run_ref);
 
+-- Schedules (runifold/stores/_schedule.py): a workflow started at every tick of a cron
+-- expression or an interval, by whichever worker checks first (the tick is in the run's
+-- checkpoint id, so each tick starts one run).
+CREATE TABLE runifold_schedules (
+    name            text PRIMARY KEY,
+    workflow        text    NOT NULL,
+    version         integer NOT NULL,
+    input_json      text    NOT NULL,          -- canonical JSON (sorted keys)
+    cron            text,                      -- five or six cron fields; NULL: every_seconds
+    every_seconds   integer,                   -- ticks at its multiples since the epoch; NULL: cron
+    timezone        text    NOT NULL,          -- the IANA zone cron's fields are read in
+    catchup_seconds double precision NOT NULL, -- earlier due ticks at most this old start too
+    paused          boolean NOT NULL DEFAULT false,
+    last_tick       double precision NOT NULL, -- invariant: only grows, except when replaced; ticks at or before it never start
+    created_at      double precision NOT NULL,
+    updated_at      double precision NOT NULL
+);
+
 CREATE FUNCTION runifold_now() RETURNS double precision
 LANGUAGE sql VOLATILE AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
 
@@ -117,7 +143,7 @@ $$;
 -- and nothing is enqueued.
 CREATE FUNCTION runifold_enqueue(
     p_run_ids text[], p_checkpoint_ids text[], p_names text[], p_versions integer[], p_inputs text[],
-    p_types text[], p_keys text[], p_bodies text[]
+    p_types text[], p_keys text[], p_bodies text[], p_concurrency_keys text[], p_concurrency_limits integer[]
 ) RETURNS TABLE (run_id text, created boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -128,9 +154,9 @@ DECLARE
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_run_ids), 0) LOOP
         INSERT INTO runifold_runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at,
-                                   created_at, updated_at)
+                                   created_at, updated_at, concurrency_key, concurrency_limit)
         VALUES (p_run_ids[i], p_checkpoint_ids[i], p_names[i], p_versions[i], p_inputs[i], 'ready', 1, v_now,
-                v_now, v_now)
+                v_now, v_now, p_concurrency_keys[i], p_concurrency_limits[i])
         ON CONFLICT DO NOTHING;
         IF FOUND THEN
             INSERT INTO runifold_events (run_id, seq, type, key, at, body)
@@ -191,6 +217,7 @@ DECLARE
     v_reason text;
     v_waits text[];
     v_notify boolean := false;
+    v_key text;
     i integer;
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_run), 0) LOOP
@@ -219,7 +246,10 @@ BEGIN
             UPDATE runifold_runs SET revision = p_expected[i] + p_count[i], updated_at = v_now, status = v_status,
                 due_at = v_due, wait_signals = v_waits, reason = v_reason, lease_owner = NULL, lease_until = NULL
             WHERE run_id = p_run[i] AND status = 'running' AND lease_token = p_token[i] AND lease_until > v_now
-              AND revision = p_expected[i];
+              AND revision = p_expected[i]
+            RETURNING concurrency_key INTO v_key;
+            -- a run with a concurrency key leaves running: a slot of its key is free
+            v_notify := v_notify OR v_key IS NOT NULL;
         END IF;
         IF NOT FOUND THEN
             SELECT * INTO v_run FROM runifold_runs WHERE run_id = p_run[i];
@@ -274,6 +304,75 @@ BEGIN
     IF v_notify THEN
         PERFORM pg_notify('runifold_work', '');
     END IF;
+END
+$$;
+
+-- The claim's concurrency rule (runifold/stores/_rule.py: holds_slot, passed_over) for the
+-- candidates with a key that the claim statement locked (p_ids), in due order; returns the
+-- ones it may claim. Per key, under a transaction-level advisory lock taken in key order (so
+-- claims never deadlock on each other), it counts the key's runs running under an unexpired
+-- lease. Each statement of this VOLATILE function reads a fresh snapshot, so the count sees
+-- every claim committed before the lock was granted: two claims can never both take a key's
+-- last slot. A candidate passed over is replaced by the next due run (of any kind), up to
+-- p_spare times, so the claim takes the next one as the rule says. Replacements only try
+-- their keys' locks (a key another claim is deciding is passed over): a claim waits for a
+-- lock only while it holds none of a later key, so claims never wait for each other in a cycle.
+CREATE FUNCTION runifold_admit(
+    p_ids text[], p_now double precision, p_names text[], p_exclude text[], p_spare integer
+) RETURNS text[]
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_admitted text[] := '{}';
+    v_seen text[] := p_ids;
+    v_todo text[] := p_ids;
+    v_key text;
+    v_running integer;
+    v_row record;
+    v_wanted integer;
+    v_first boolean := true;
+BEGIN
+    LOOP
+        v_wanted := 0;
+        FOR v_key IN SELECT DISTINCT concurrency_key FROM runifold_runs
+                     WHERE run_id = ANY (v_todo) AND concurrency_key IS NOT NULL ORDER BY 1 LOOP
+            IF v_first THEN
+                PERFORM pg_advisory_xact_lock(1920298602, hashtext(v_key));
+            ELSIF NOT pg_try_advisory_xact_lock(1920298602, hashtext(v_key)) THEN
+                v_wanted := v_wanted + (SELECT count(*) FROM runifold_runs
+                                        WHERE run_id = ANY (v_todo) AND concurrency_key = v_key);
+                CONTINUE;
+            END IF;
+            SELECT count(*) INTO v_running FROM runifold_runs
+            WHERE concurrency_key = v_key AND status = 'running' AND lease_until > p_now;
+            FOR v_row IN SELECT run_id, concurrency_limit FROM runifold_runs
+                         WHERE run_id = ANY (v_todo) AND concurrency_key = v_key ORDER BY due_at, run_id LOOP
+                IF v_running < v_row.concurrency_limit THEN
+                    v_admitted := v_admitted || v_row.run_id;
+                    v_running := v_running + 1;
+                ELSE
+                    v_wanted := v_wanted + 1;
+                END IF;
+            END LOOP;
+        END LOOP;
+        v_admitted := v_admitted || ARRAY(SELECT run_id FROM runifold_runs
+                                          WHERE run_id = ANY (v_todo) AND concurrency_key IS NULL);
+        v_first := false;
+        v_wanted := least(v_wanted, p_spare);
+        EXIT WHEN v_wanted = 0;
+        p_spare := p_spare - v_wanted;
+        -- the next due runs, as the claim statement picks them
+        v_todo := ARRAY(
+            SELECT r.run_id FROM runifold_runs r
+            WHERE r.due_at IS NOT NULL AND r.due_at <= p_now AND r.name = ANY (p_names)
+              AND NOT (r.run_id = ANY (p_exclude)) AND NOT (r.run_id = ANY (v_seen))
+              AND (r.concurrency_key IS NULL OR (
+                  SELECT count(*) FROM runifold_runs o WHERE o.concurrency_key = r.concurrency_key
+                    AND o.status = 'running' AND o.lease_until > p_now) < r.concurrency_limit)
+            ORDER BY r.due_at LIMIT v_wanted FOR UPDATE SKIP LOCKED);
+        EXIT WHEN cardinality(v_todo) = 0;
+        v_seen := v_seen || v_todo;
+    END LOOP;
+    RETURN v_admitted;
 END
 $$;
 

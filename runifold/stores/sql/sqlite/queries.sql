@@ -15,27 +15,34 @@ INSERT INTO runifold_schema (version, applied_at) VALUES (?, ?)
 
 -- name: run
 SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
-       created_at, updated_at, reason, recoveries, wait_signals
+       created_at, updated_at, reason, recoveries, wait_signals, concurrency_key, concurrency_limit
 FROM runs WHERE {ref} = ?
 
 -- name: task_of
 SELECT run_id, name, version, input_json FROM runs WHERE {ref} = ?
 
 -- name: insert_run
-INSERT INTO runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?)
+INSERT INTO runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at, created_at, updated_at,
+                  concurrency_key, concurrency_limit)
+VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?)
 
 -- name: insert_event
 INSERT INTO events (run_id, seq, type, key, at, body) VALUES (?, ?, ?, ?, ?, ?)
 
 -- name: claim
--- '+name': never let the planner trade the small due-time index for the name index
-UPDATE runs SET status = 'running', lease_token = lease_token + 1, lease_owner = ?, lease_until = ?, due_at = ?,
-    updated_at = ?, recoveries = recoveries + (status = 'running')
+-- '+name': never let the planner trade the small due-time index for the name index.
+-- A run with a concurrency key is passed over while its key's running runs (under an
+-- unexpired lease) reach its limit (_rule.holds_slot, _rule.passed_over); the write lock
+-- makes the count exact across processes.
+UPDATE runs SET status = 'running', lease_token = lease_token + 1, lease_owner = ?1, lease_until = ?2, due_at = ?2,
+    updated_at = ?3, recoveries = recoveries + (status = 'running')
 WHERE run_id = (
-    SELECT run_id FROM runs WHERE due_at IS NOT NULL AND due_at <= ?
-    AND +name IN (SELECT value FROM json_each(?))
-    AND run_id NOT IN (SELECT value FROM json_each(?))
+    SELECT run_id FROM runs r WHERE due_at IS NOT NULL AND due_at <= ?3
+    AND +name IN (SELECT value FROM json_each(?4))
+    AND run_id NOT IN (SELECT value FROM json_each(?5))
+    AND (concurrency_key IS NULL OR (
+        SELECT count(*) FROM runs o WHERE o.concurrency_key = r.concurrency_key AND o.status = 'running'
+        AND o.lease_until > ?3) < concurrency_limit)
     ORDER BY due_at LIMIT 1
 )
 RETURNING run_id, checkpoint_id, name, version, lease_token, recoveries
@@ -123,7 +130,7 @@ SELECT min(due_at) FROM runs WHERE due_at > ?
 
 -- name: list_runs
 SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
-       created_at, updated_at, reason, recoveries, wait_signals
+       created_at, updated_at, reason, recoveries, wait_signals, concurrency_key, concurrency_limit
 FROM runs
 WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
   AND (?4 IS NULL OR run_id < ?4)
@@ -131,3 +138,32 @@ ORDER BY run_id DESC LIMIT ?5
 
 -- name: count_runs
 SELECT count(*) FROM runs WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
+
+-- name: schedule
+SELECT name, workflow, version, input_json, cron, every_seconds, timezone, catchup_seconds, paused, last_tick,
+       created_at, updated_at
+FROM schedules WHERE name = ?
+
+-- name: schedules
+SELECT name, workflow, version, input_json, cron, every_seconds, timezone, catchup_seconds, paused, last_tick,
+       created_at, updated_at
+FROM schedules ORDER BY name
+
+-- name: put_schedule
+-- a new or changed schedule: its ticks start after now; a replaced one keeps its paused state
+INSERT INTO schedules (name, workflow, version, input_json, cron, every_seconds, timezone, catchup_seconds, paused,
+                       last_tick, created_at, updated_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, 0, ?9, ?9, ?9)
+ON CONFLICT (name) DO UPDATE SET workflow = excluded.workflow, version = excluded.version,
+    input_json = excluded.input_json, cron = excluded.cron, every_seconds = excluded.every_seconds,
+    timezone = excluded.timezone, catchup_seconds = excluded.catchup_seconds, last_tick = excluded.last_tick,
+    updated_at = excluded.updated_at
+
+-- name: delete_schedule
+DELETE FROM schedules WHERE name = ?
+
+-- name: pause_schedule
+UPDATE schedules SET paused = ?, last_tick = ?, updated_at = ? WHERE name = ?
+
+-- name: advance_schedule
+UPDATE schedules SET last_tick = ?1 WHERE name = ?2 AND last_tick < ?1

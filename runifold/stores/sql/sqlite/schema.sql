@@ -21,7 +21,11 @@ CREATE TABLE runs (
     wait_signals  TEXT    NOT NULL DEFAULT '[]', -- JSON array of the signal names a waiting run waits for
     reason        TEXT    NOT NULL DEFAULT '',
     created_at    REAL    NOT NULL,
-    updated_at    REAL    NOT NULL
+    updated_at    REAL    NOT NULL,
+    -- a claim passes over a due run while concurrency_limit runs of its concurrency_key are
+    -- running under an unexpired lease (both NULL: no limit)
+    concurrency_key   TEXT,
+    concurrency_limit INTEGER
 );
 -- Claims only ever look at runs with a due time, so the index stays small as
 -- finished runs accumulate.
@@ -30,6 +34,8 @@ CREATE INDEX runs_listing ON runs (name, version, status);
 -- finished runs, oldest first, for purge_finished (no index covers revision or updated_at,
 -- which every step commit changes)
 CREATE INDEX runs_finished ON runs (run_id) WHERE status IN ('completed', 'failed', 'cancelled');
+-- the runs of a key that may hold its slots, counted by the claim
+CREATE INDEX runs_running_key ON runs (concurrency_key) WHERE status = 'running' AND concurrency_key IS NOT NULL;
 
 -- The append-only log: seq 1, 2, 3, ... per run.
 CREATE TABLE events (
@@ -75,3 +81,21 @@ CREATE TABLE signal_audit (
 );
 CREATE INDEX signal_audit_run ON signal_audit (run_id);
 CREATE INDEX signal_audit_ref ON signal_audit (run_ref);
+
+-- Schedules (runifold/stores/_schedule.py): a workflow started at every tick of a cron
+-- expression or an interval, by whichever worker checks first (the tick is in the run's
+-- checkpoint id, so each tick starts one run).
+CREATE TABLE schedules (
+    name            TEXT PRIMARY KEY,
+    workflow        TEXT    NOT NULL,
+    version         INTEGER NOT NULL,
+    input_json      TEXT    NOT NULL,          -- canonical JSON (sorted keys)
+    cron            TEXT,                      -- five or six cron fields; NULL: every_seconds
+    every_seconds   INTEGER,                   -- ticks at its multiples since the epoch; NULL: cron
+    timezone        TEXT    NOT NULL,          -- the IANA zone cron's fields are read in
+    catchup_seconds REAL    NOT NULL,          -- earlier due ticks at most this old start too
+    paused          INTEGER NOT NULL DEFAULT 0,
+    last_tick       REAL    NOT NULL,          -- invariant: only grows, except when replaced; ticks at or before it never start
+    created_at      REAL    NOT NULL,
+    updated_at      REAL    NOT NULL
+);

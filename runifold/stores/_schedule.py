@@ -1,0 +1,215 @@
+"""Schedules: a workflow started at every tick of a cron expression or an interval.
+
+A :class:`Schedule` is a value the stores keep (one row per name); the
+supervisors of every worker read them and start each due tick's run (see
+:mod:`runifold.worker._schedules`). Ticks are whole seconds on the store's
+clock. A tick's run has the checkpoint id ``schedule:<name>:<tick>`` (the tick
+as ISO-8601 UTC), so enqueueing it twice, from any number of workers, creates
+one run.
+
+Cron expressions are read by `cronsim <https://pypi.org/project/cronsim/>`_
+(the ``cron`` extra: ``pip install 'runifold[cron]'``), as Debian's cron
+reads them; ``every=`` needs nothing extra.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from typing import Any, final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import msgspec
+
+from runifold.errors import InvalidInputError
+from runifold.stores._protocol import WorkflowTask, check_text
+
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
+#: the longest catch-up window a schedule may have
+MAX_CATCHUP = timedelta(days=31)
+
+
+@final
+@dataclass(frozen=True)
+class Schedule:
+    """A workflow run started at every tick of ``cron`` or ``every``.
+
+    Args:
+        name: the schedule's identity: 1-100 letters, digits and ``_.-``. Adding a
+            schedule under a name that is taken replaces that schedule.
+        workflow: the workflow's name.
+        version: the exact version each run is pinned to.
+        input: the keyword arguments every run gets (JSON-compatible).
+        cron: five fields (minute, hour, day of month, month, day of week) or six
+            (a seconds field first), read as Debian's cron reads them, in
+            ``timezone``. Needs the ``cron`` extra (cronsim).
+        every: instead of ``cron``, an interval of whole seconds: the ticks are its
+            multiples since the Unix epoch (every 60 s: at each minute, UTC).
+        timezone: the IANA time zone cron's fields are read in (``every`` is
+            UTC only).
+        catchup: the catch-up window. At each check the most recent due tick is
+            always started; earlier ticks that fell due since the schedule last
+            fired are started too if they are at most this old (up to 1,000 per
+            check). The default, one minute, starts every tick while workers run
+            and, after an outage, only the most recent one.
+
+    Raises:
+        InvalidInputError: a field is invalid (the message says which and why).
+    """
+
+    name: str
+    workflow: str
+    version: int
+    input: Mapping[str, Any] = field(default_factory=dict)
+    cron: str | None = None
+    every: timedelta | None = None
+    timezone: str = "UTC"
+    catchup: timedelta = timedelta(minutes=1)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise InvalidInputError(
+                f"invalid schedule name {self.name!r:.120}: use 1-100 letters, digits and '_.-' (for example 'nightly')"
+            )
+        # the task each tick enqueues: validates the workflow name, version and input
+        WorkflowTask(self.workflow, self.version, self.input)
+        if (self.cron is None) == (self.every is None):
+            raise InvalidInputError(
+                f"schedule {self.name!r} needs exactly one of cron= (e.g. '*/5 * * * *') or every= (a timedelta)"
+            )
+        if self.cron is not None:
+            if not isinstance(self.cron, str):
+                raise InvalidInputError(f"schedule {self.name!r}: cron must be a string, got {self.cron!r}")
+            check_text(self.cron, what="the cron expression")
+            object.__setattr__(self, "cron", " ".join(self.cron.split()))
+        if self.every is not None:
+            seconds = self.every.total_seconds() if isinstance(self.every, timedelta) else math.nan
+            if not (seconds >= 1 and seconds.is_integer()):
+                raise InvalidInputError(
+                    f"schedule {self.name!r}: every must be a timedelta of whole seconds, at least one, got "
+                    f"{self.every!r}"
+                )
+            if self.timezone != "UTC":
+                raise InvalidInputError(
+                    f"schedule {self.name!r}: timezone applies to cron only (every= counts from the epoch, UTC); "
+                    "drop timezone or use cron"
+                )
+        if not isinstance(self.catchup, timedelta) or not timedelta(0) <= self.catchup <= MAX_CATCHUP:
+            raise InvalidInputError(
+                f"schedule {self.name!r}: catchup must be a timedelta from 0 to {MAX_CATCHUP.days} days, "
+                f"got {self.catchup!r}"
+            )
+        self.zone()
+        if self.cron is not None:
+            _cron(self.cron, datetime.now(UTC), reverse=False, name=self.name)  # parses it: a bad field fails now
+
+    def zone(self) -> tzinfo:
+        """The time zone cron's fields are read in."""
+        if self.timezone == "UTC":
+            return UTC
+        try:
+            return ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+            raise InvalidInputError(
+                f"schedule {self.name!r}: unknown time zone {self.timezone!r}; use an IANA name such as "
+                "'Europe/Riga' or 'America/New_York' (install tzdata where the system has no zone database)"
+            ) from exc
+
+    def describe(self) -> str:
+        """How the schedule ticks, in a few words: ``cron '*/5 * * * *' in UTC`` or ``every 60 s``."""
+        if self.every is not None:
+            return f"every {self.every.total_seconds():g} s"
+        return f"cron '{self.cron}' in {self.timezone}"
+
+    def ticks_back(self, now: float, after: float, limit: int) -> list[float]:
+        """Ticks ``t`` with ``after < t <= now``, the most recent first, at most ``limit``."""
+        ticks: list[float] = []
+        for tick in self._back(now):
+            if tick <= after or len(ticks) >= limit:
+                break
+            ticks.append(tick)
+        return ticks
+
+    def next_tick(self, after: float) -> float | None:
+        """The first tick after ``after`` (None: none within 50 years)."""
+        if self.every is not None:
+            step = int(self.every.total_seconds())
+            return float((math.floor(after) // step + 1) * step)
+        assert self.cron is not None
+        moment = datetime.fromtimestamp(after, self.zone())
+        try:
+            return next(_cron(self.cron, moment, reverse=False, name=self.name)).timestamp()
+        except StopIteration:
+            return None
+
+    def _back(self, now: float) -> Iterator[float]:
+        if self.every is not None:
+            step = int(self.every.total_seconds())
+            tick = math.floor(now) // step * step
+            while True:
+                yield float(tick)
+                tick -= step
+        assert self.cron is not None
+        # whole seconds: reverse iteration yields ticks before its start, so start just after now
+        start = datetime.fromtimestamp(math.floor(now) + 1, self.zone())
+        for moment in _cron(self.cron, start, reverse=True, name=self.name):
+            yield moment.timestamp()
+
+    def task(self, tick: float) -> WorkflowTask:
+        """The task this schedule enqueues for ``tick``."""
+        return WorkflowTask(self.workflow, self.version, self.input, checkpoint_id=tick_checkpoint(self.name, tick))
+
+    def definition(self) -> tuple[Any, ...]:
+        """What makes two schedules of one name the same: re-adding an identical one changes nothing."""
+        return (self.workflow, self.version, WorkflowTask(self.workflow, self.version, self.input).input_json().decode(),
+                self.cron, None if self.every is None else int(self.every.total_seconds()), self.timezone,
+                self.catchup.total_seconds())
+
+    @classmethod
+    def from_row(cls, name: str, workflow: str, version: int, input_json: str, cron: str | None,
+                 every_seconds: int | None, timezone: str, catchup_seconds: float) -> Schedule:
+        """A schedule as a store keeps it (the columns of :meth:`definition`)."""
+        return cls(name, workflow, version, msgspec.json.decode(input_json), cron,
+                   None if every_seconds is None else timedelta(seconds=every_seconds), timezone,
+                   timedelta(seconds=catchup_seconds))
+
+
+class ScheduleInfo(msgspec.Struct, frozen=True):
+    """A stored schedule and its state.
+
+    ``last_tick``: ticks at or before it are never started (again): the most
+    recent tick started, or when the schedule was added, replaced or resumed.
+    """
+
+    schedule: Schedule
+    paused: bool
+    last_tick: float
+    created_at: float
+    updated_at: float
+
+
+def tick_checkpoint(name: str, tick: float) -> str:
+    """The checkpoint id of a schedule's run for ``tick``: ``schedule:<name>:<tick as ISO-8601 UTC>``."""
+    return f"schedule:{name}:{datetime.fromtimestamp(tick, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+def _cron(expression: str, start: datetime, *, reverse: bool, name: str) -> Iterator[datetime]:
+    """cronsim's iterator over ``expression`` from ``start``; a clear error when the expression or cronsim is missing."""
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError as exc:
+        raise InvalidInputError(
+            f"schedule {name!r} uses cron, which needs the cronsim package: pip install 'runifold[cron]' "
+            "(or give every= instead)"
+        ) from exc
+    make: Callable[..., Iterator[datetime]] = CronSim
+    try:
+        return make(expression, start, reverse=reverse)
+    except CronSimError as exc:
+        raise InvalidInputError(
+            f"schedule {name!r}: invalid cron expression {expression!r} ({exc}); use five fields, minute hour "
+            "day-of-month month day-of-week (e.g. '*/5 * * * *'), or six with seconds first"
+        ) from exc
