@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument("--grace", type=seconds, default=10.0,
                         help="seconds in-flight runs get on shutdown before their leases are released (default 10); "
                              "a second SIGTERM/SIGINT releases them at once")
+    worker.add_argument("--schedule-every", type=seconds, default=1.0,
+                        help="seconds between checks of the schedules for due ticks (default 1)")
     worker.set_defaults(handler=worker_cmd)
 
     enqueue = sub.add_parser("enqueue", help="start a run (idempotent by --checkpoint-id)")
@@ -48,6 +50,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     enqueue.add_argument("version", type=int)
     enqueue.add_argument("--input", default="{}", help="JSON object of workflow arguments")
     enqueue.add_argument("--checkpoint-id", help="durable identity of the run")
+    enqueue.add_argument("--concurrency-key", help="at most --concurrency-limit runs of this key run at once "
+                                                   "(default: the definition's ConcurrencyLimit, if any)")
+    enqueue.add_argument("--concurrency-limit", type=positive_int(MAX_CONCURRENCY), help="with --concurrency-key")
     enqueue.set_defaults(handler=enqueue_cmd)
 
     resolve = sub.add_parser("resolve", help="settle an ambiguous effect of a parked run")
@@ -99,7 +104,8 @@ async def worker_cmd(args: argparse.Namespace) -> int:
         worker = WorkflowWorker(store, registry, worker_id, LeaseDuration(timedelta(seconds=args.lease)),
                                 timedelta(seconds=args.lease / 3))
         supervisor = Supervisor(worker, args.concurrency, idle_wait=timedelta(seconds=args.idle_wait),
-                                grace=timedelta(seconds=args.grace))
+                                grace=timedelta(seconds=args.grace),
+                                schedule_every=timedelta(seconds=args.schedule_every))
         serving = [f"{n} v{v}" for n, v in registry.versions()]
         if args.json:
             emit_json({"event": "worker_started", "worker_id": str(worker_id), "serving": serving,
@@ -123,7 +129,8 @@ async def enqueue_cmd(args: argparse.Namespace) -> int:
     data = parse_json(args.input, "--input")
     if not isinstance(data, dict):
         raise UsageError("--input must be a JSON object of workflow arguments")
-    task = registry_of(args).validate(WorkflowTask(args.name, args.version, data, args.checkpoint_id))
+    task = registry_of(args).validate(WorkflowTask(args.name, args.version, data, args.checkpoint_id,
+                                                   args.concurrency_key, args.concurrency_limit))
     store = await store_of(args, create=True)
     try:
         result = await store.enqueue(task)

@@ -146,3 +146,32 @@ async def test_postgres_a_retried_commit_recognises_its_own_write(open_store: An
     refused = await send(2, [step_row("b#1", 2)], Finish(RunStatus.COMPLETED))
     assert not refused["ok"] and "lease" in refused["detail"]
     assert not (await send(1, [step_row("a#1", 99)], Continue()))["ok"]
+
+
+async def test_postgres_claims_from_many_connections_never_exceed_a_limit(open_store: Any) -> None:
+    """Six store handles (six pools) claiming at once, round after round: never more than the limit's runs of a key hold a lease."""
+    import asyncpg
+
+    handles = [await open_store() for _ in range(6)]
+    await handles[0].enqueue_many(
+        [WorkflowTask("wf", 1, {"i": i}, concurrency_key="pay", concurrency_limit=3) for i in range(40)]
+        + [WorkflowTask("wf", 1, {"u": i}) for i in range(20)])
+    conn = await asyncpg.connect(handles[0].dsn)
+    per_round: list[int] = []
+    try:
+        while await handles[0].count_runs(status=RunStatus.COMPLETED) < 60:
+            claims = await asyncio.gather(*(h.claim(f"w{i}", {"wf"}, 30.0) for i, h in enumerate(handles)
+                                            for _ in range(3)))
+            running = await conn.fetchval(
+                "SELECT count(*) FROM runifold_runs WHERE concurrency_key = 'pay' AND status = 'running' "
+                "AND lease_until > runifold_now()")
+            per_round.append(running)
+            assert running <= 3, per_round
+            got = [c for c in claims if c is not None]
+            assert got, "a round claimed nothing while runs were due"
+            for claim in got:
+                await handles[0].commit(claim.lease, claim.history[-1].seq, [], Finish(RunStatus.COMPLETED))
+    finally:
+        await conn.close()
+    print(f"runs of the key running after each round of 18 concurrent claims: {per_round}")
+    assert max(per_round) == 3
