@@ -105,6 +105,14 @@ class ScheduleAndLimitConformance:
             ["u0", "u1", "u2", "u3"]
         assert await store.count_runs(status=RunStatus.RUNNING) == 7
 
+    async def test_claims_sent_together_count_what_they_took(self, store: Any) -> None:
+        """Claims sent together that pass over a run and take the next one of the same key still stop at its limit."""
+        for i in range(6):
+            await store.enqueue(keyed(f"k{i}"))
+        claims = await asyncio.gather(*(store.claim(f"w{i}", {"wf"}, LEASE) for i in range(3)))
+        assert sorted(c.checkpoint_id for c in claims if c is not None) == ["k0", "k1"]
+        assert await store.count_runs(status=RunStatus.RUNNING) == 2
+
     async def test_a_task_names_a_key_and_a_limit_together(self, store: Any) -> None:
         """A concurrency key without a limit, a limit without a key, or a limit below 1 is refused at the call."""
         for key, limit in (("pay", None), (None, 2), ("pay", 0), ("", 1)):

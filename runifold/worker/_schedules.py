@@ -45,10 +45,13 @@ def due_ticks(schedule: Schedule, last_tick: float, now: float) -> list[float]:
     return sorted(kept)
 
 
-async def fire_due_schedules(store: WorkflowStore, registry: WorkflowRegistry) -> list[tuple[str, float, EnqueueResult]]:
+async def fire_due_schedules(
+    store: WorkflowStore, registry: WorkflowRegistry, *, worker_id: str | None = None
+) -> list[tuple[str, float, EnqueueResult]]:
     """Start the due ticks of every active schedule this registry can run; return (name, tick, result) of each.
 
-    "Due" is judged on the store's clock. Safe to call from any number of workers at once.
+    "Due" is judged on the store's clock. Safe to call from any number of workers at once: a tick
+    another worker enqueued first comes back with ``created=False``. ``worker_id`` goes into the log lines.
     """
     now = await store.now()
     tasks: list[tuple[str, float, WorkflowTask]] = []
@@ -69,7 +72,7 @@ async def fire_due_schedules(store: WorkflowStore, registry: WorkflowRegistry) -
         if result is None:
             continue
         log.info("schedule_fired", schedule=name, tick=tick, run_id=result.run_id,
-                 checkpoint_id=task.checkpoint_id, created=result.created)
+                 checkpoint_id=task.checkpoint_id, created=result.created, worker_id=worker_id)
         fired.append((name, tick, result))
     return fired
 

@@ -151,7 +151,7 @@ class Supervisor:
         """Start the schedules' due ticks every ``every`` seconds until stopped."""
         while not self._stopping.is_set():
             try:
-                await fire_due_schedules(self.worker.store, self.worker.registry)
+                await fire_due_schedules(self.worker.store, self.worker.registry, worker_id=str(self.worker.worker_id))
             except Exception as exc:  # noqa: BLE001 - the next check tries again
                 self.log.error("schedule_check_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
             await self._pause(every)

@@ -1,9 +1,11 @@
 """The same random command sequences, sent to memory, SQLite and PostgreSQL, get the same answers and leave the same rows.
 
 A hypothesis state machine drives the three stores side by side: enqueue (one
-or many), claim, commit (also a commit sent again, as after a lost answer),
-renew, release, signal delivery, cancel, resolve, wake, purge, and crashes:
-a worker that drops its handle after its short lease ran out. After every step
+or many, with or without a concurrency key), claim (the concurrency rule
+passes over a run whose key is at its limit), commit (also a commit sent again, as after a lost answer),
+renew, release, signal delivery, cancel, resolve, wake, purge, schedules
+(add, replace, pause, resume, advance, delete), and crashes: a worker that
+drops its handle after its short lease ran out. After every step
 each run's row, history and audit are compared across the stores. Run ids are
 random per store, so answers are compared through the order in which the runs
 were enqueued; times are compared only as present or absent.
@@ -17,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -34,6 +37,8 @@ from runifold.stores import (
     Reschedule,
     RunInfo,
     RunStatus,
+    Schedule,
+    ScheduleInfo,
     Suspend,
     WorkflowTask,
 )
@@ -161,11 +166,14 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     @initialize()
     def start(self) -> None:
-        self.enqueue(None, 1)
+        self.enqueue(None, 1, None)
 
-    @rule(checkpoint=st.sampled_from([None, "a", "b"]), x=st.integers(1, 2))
-    def enqueue(self, checkpoint: str | None, x: int) -> None:
-        task = WorkflowTask(f"wf{self.runs}", 1, {"x": x}, checkpoint_id=checkpoint)
+    @rule(checkpoint=st.sampled_from([None, "a", "b"]), x=st.integers(1, 2),
+          limit=st.sampled_from([None, ("k", 1), ("k", 2), ("j", 1)]))
+    def enqueue(self, checkpoint: str | None, x: int, limit: tuple[str, int] | None) -> None:
+        key, most = limit or (None, None)
+        task = WorkflowTask(f"wf{self.runs}", 1, {"x": x}, checkpoint_id=checkpoint, concurrency_key=key,
+                            concurrency_limit=most)
         if checkpoint is not None:  # reusing a checkpoint names an existing run's workflow
             known = [i for i in range(self.runs) if self.checkpoint_of(i) == checkpoint]
             if known:
@@ -197,6 +205,8 @@ class DifferentialMachine(RuleBasedStateMachine):
 
     @rule(run=st.integers(0, 20), short=st.booleans())
     def claim(self, run: int, short: bool) -> None:
+        """Claim the run of one workflow (one name per run: the stores' order of equal due times never matters);
+        a run whose concurrency key is at its limit is not claimed."""
         run = run % self.runs
         lease = SHORT_LEASE if short else 30.0
         answers = self.s.all(lambda kind, store: store.claim("w", {f"wf{run}"}, lease))
@@ -212,6 +222,13 @@ class DifferentialMachine(RuleBasedStateMachine):
             self.handles.append(handle)
             if short:  # the worker crashes: its handle stays (a zombie), its lease runs out
                 time.sleep(SHORT_LEASE + 0.05)
+
+    @rule(short=st.booleans())
+    def claim_two_of_a_key(self, short: bool) -> None:
+        """Two runs of a key allowed one at a time, each claimed: the second is passed over while a run of the key runs."""
+        for x in (1, 2):
+            self.enqueue(None, x, ("one", 1))
+            self.claim(self.runs - 1, short and x == 1)
 
     @precondition(lambda self: self.live())
     @rule(pick=st.integers(0, 50), events=st.integers(0, 2), which=st.integers(0, len(TRANSITIONS) - 1),
@@ -274,6 +291,23 @@ class DifferentialMachine(RuleBasedStateMachine):
         run = run % self.runs
         self.same(self.s.all(lambda kind, store: store.purge(self.ref(kind, run))))
 
+    @rule(name=st.sampled_from(["s1", "s2"]), x=st.integers(1, 2), cron=st.booleans())
+    def add_schedule(self, name: str, x: int, cron: bool) -> None:
+        schedule = Schedule(name, "wf0", 1, {"x": x}, cron="*/5 * * * *" if cron else None,
+                            every=None if cron else timedelta(seconds=5))
+        self.same(self.s.all(lambda kind, store: _schedule(store.add_schedule(schedule))))
+
+    @rule(name=st.sampled_from(["s1", "s2", "s3"]), op=st.sampled_from(["pause", "resume", "delete", "advance"]))
+    def change_schedule(self, name: str, op: str) -> None:
+        async def change(kind: str, store: Any) -> Any:
+            if op == "delete":
+                return await store.delete_schedule(name)
+            if op == "advance":
+                return await store.advance_schedules({name: time.time() + 3600})
+            return await _schedule(store.pause_schedule(name, paused=op == "pause"))
+
+        self.same(self.s.all(change))
+
     # -- rows -------------------------------------------------------------------------
 
     @invariant()
@@ -283,6 +317,7 @@ class DifferentialMachine(RuleBasedStateMachine):
             self.same(self.s.all(lambda kind, store: _events(store.history(self.ref(kind, run)))))
             self.same(self.s.all(lambda kind, store: _audit(store.audit(self.ref(kind, run)))))
         self.same(self.s.all(lambda kind, store: store.count_runs()))
+        self.same(self.s.all(lambda kind, store: _schedules(store.list_schedules())))
         for status in (RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING):
             self.same(self.s.all(lambda kind, store: _ids(store.list_runs(status=status))))
 
@@ -307,6 +342,16 @@ async def _events(reading: Awaitable[Any]) -> list[tuple[Any, ...]]:
 
 async def _audit(reading: Awaitable[Any]) -> list[tuple[Any, ...]]:
     return [(a.run_ref, a.signal_id, a.name, a.verdict, a.detail) for a in await reading]
+
+
+async def _schedule(changing: Awaitable[ScheduleInfo]) -> tuple[Any, ...]:
+    info = await changing
+    return info.schedule, info.paused
+
+
+async def _schedules(listing: Awaitable[list[ScheduleInfo]]) -> list[tuple[Any, ...]]:
+    """Each schedule's definition, state, and whether it started a tick since it was last changed."""
+    return [(i.schedule, i.paused, i.last_tick > i.updated_at) for i in await listing]
 
 
 async def _ids(listing: Awaitable[list[RunInfo]]) -> frozenset[str]:

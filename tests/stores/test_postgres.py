@@ -175,3 +175,17 @@ async def test_postgres_claims_from_many_connections_never_exceed_a_limit(open_s
         await conn.close()
     print(f"runs of the key running after each round of 18 concurrent claims: {per_round}")
     assert max(per_round) == 3
+
+
+async def test_postgres_a_batch_of_claims_counts_the_runs_it_took(open_store: Any) -> None:
+    """One claim statement for several claims that passes over a run and takes the next of the same key stops at the limit."""
+    from runifold.stores.postgres import Q
+
+    store = await open_store()
+    for i in range(6):
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=f"k{i}", concurrency_key="pay", concurrency_limit=2))
+    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="u0"))
+    rows = await store._call(lambda conn: conn.fetch(Q["claim"], "w", ["wf"], [], 30.0, "batch", 3))
+    # k0 and k1 fill the key; k2 is passed over and replaced by the next due run that may run: u0, not k3
+    assert sorted(r["checkpoint_id"] for r in rows) == ["k0", "k1", "u0"]
+    assert await store.count_runs(status=RunStatus.RUNNING) == 3

@@ -342,8 +342,9 @@ BEGIN
                                         WHERE run_id = ANY (v_todo) AND concurrency_key = v_key);
                 CONTINUE;
             END IF;
+            -- the key's runs holding a slot, and those this claim admitted already (not yet running)
             SELECT count(*) INTO v_running FROM runifold_runs
-            WHERE concurrency_key = v_key AND status = 'running' AND lease_until > p_now;
+            WHERE concurrency_key = v_key AND (status = 'running' AND lease_until > p_now OR run_id = ANY (v_admitted));
             FOR v_row IN SELECT run_id, concurrency_limit FROM runifold_runs
                          WHERE run_id = ANY (v_todo) AND concurrency_key = v_key ORDER BY due_at, run_id LOOP
                 IF v_running < v_row.concurrency_limit THEN
