@@ -82,8 +82,6 @@ async def measure(kind: str, folder: Path, count: int, rounds: int = 5) -> dict[
 
 async def keyed(kind: str, folder: Path, count: int) -> tuple[float, float]:
     """Seconds per claim of runs with a key whose limit never binds, and of a run behind ``count`` held-back runs."""
-    from runifold import WorkflowTask
-
     store = await _fresh(kind, folder)
     try:
         await _enqueue(store, count, concurrency_key="bench", concurrency_limit=10 * count)
@@ -102,7 +100,6 @@ async def keyed(kind: str, folder: Path, count: int) -> tuple[float, float]:
             assert claim is not None
         behind = (time.perf_counter() - started) / 200
         assert await store.claim("bench", {NAME}, 30.0) is None
-        del WorkflowTask
     finally:
         await store.close()
     return free, behind

@@ -21,7 +21,7 @@ from typing import Any
 import asyncpg  # type: ignore[import-untyped]
 import msgspec
 
-from benchmarks import bench_app
+from benchmarks import _claims, bench_app
 from benchmarks._limits import Limits, machine_busy, measure
 from runifold import (
     HmacKeyRing,
@@ -497,7 +497,7 @@ async def _claim_plan(kind: str, url: str) -> tuple[int, str]:
 
 
 BENCHMARKS = {"sequential": sequential, "concurrent": concurrent, "recovery": recovery, "wake": wake_latency,
-              "idle": idle_cost}
+              "idle": idle_cost, "claims": _claims.claims}
 
 
 async def run_all(kind: str, limits: Limits, scale: float, only: list[str] | None = None) -> list[Row]:

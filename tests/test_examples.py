@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -39,3 +41,34 @@ def test_payment_example(tmp_path: Path) -> None:
     assert "ord_3: Suspended(" in out and "AMBIGUOUS" in out
     assert "provider applied 2 charge(s) for 2 settled orders" in out
     assert "ord_3 after resolution: Completed(" in out and "provider applied 3 charge(s) in total" in out
+
+
+async def _store_url(kind: str, tmp_path: Path, name: str) -> str:
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / name}"
+    from tests.conftest import require_postgres, reset_postgres
+
+    dsn = require_postgres()
+    await reset_postgres(dsn)
+    return dsn
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_schedule_example(kind: str, tmp_path: Path) -> None:
+    """Two workers fire a one-second schedule: one run per tick named by its tick; after an outage the catch-up policy starts the latest tick, or the window's."""
+    out = run_example("schedule.py", tmp_path, await _store_url(kind, tmp_path, "schedule.db"))
+    ticks = [line.split()[0] for line in out.splitlines() if line.startswith("  schedule:every-second:")]
+    assert len(ticks) >= 3 and len(set(ticks)) == len(ticks), out
+    assert all(line.endswith("completed") for line in out.splitlines() if line.startswith("  schedule:")), out
+    assert f"{len(ticks)} ticks, {len(ticks)} runs: one run per tick (True)" in out
+    assert f"the first run returned 'eu report for {ticks[0].split(':', 2)[2]}'" in out
+    assert "catchup=0:01:00: 1 run(s), ticks 2026-03-03T00:00:00Z" in out
+    assert "catchup=6:00:00: 6 run(s), ticks 2026-03-02T19:00:00Z," in out
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_concurrency_example(kind: str, tmp_path: Path) -> None:
+    """Payouts run at most two at once and each customer's syncs one at a time, on two workers with twelve slots."""
+    out = run_example("concurrency.py", tmp_path, await _store_url(kind, tmp_path, "concurrency.db"))
+    assert "a sync of bob carries key 'customer:bob' with limit 1" in out
+    assert "most at once: customer:alice 1, customer:bob 1, payout 2 (limits" in out, out

@@ -78,6 +78,10 @@ APPLICATION = "runifold"
 LISTEN_APPLICATION = "runifold-listen"
 #: the longest a lease release waits (it is best effort)
 RELEASE_SECONDS = 1.0
+#: Every statement the store sends is planned once per connection (its generic plan). Left to choose, the
+#: server re-plans the claim statement at every claim (0.3 ms, as long as the claim itself) whenever a
+#: custom plan for LIMIT 1 looks cheaper than the generic one, which walks the due index just the same.
+PLAN_CACHE_MODE = "force_generic_plan"
 Q = queries("postgres")
 RUN, HISTORY, AUDIT = by_ref(Q["run"]), by_ref(Q["history"]), by_ref(Q["audit"])
 SCHEMA_VERSION = migrations("postgres")[-1][0]
@@ -661,7 +665,7 @@ class _Pool:
             conn = await asyncpg.connect(
                 self._dsn, timeout=self._command_timeout,
                 server_settings={"statement_timeout": str(int(self._command_timeout * 1000)),
-                                 "application_name": APPLICATION})
+                                 "application_name": APPLICATION, "plan_cache_mode": PLAN_CACHE_MODE})
             await self._keepalive(conn)
         except BaseException:
             self._opening -= 1

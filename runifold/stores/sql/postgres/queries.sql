@@ -42,8 +42,8 @@ WITH n AS (
     ORDER BY due_at LIMIT $6 FOR UPDATE SKIP LOCKED
 ), admitted AS (
     -- only called when a candidate has a key: runs without one never wait for a key's lock
-    SELECT unnest(runifold_admit(ARRAY(SELECT run_id FROM pick WHERE concurrency_key IS NOT NULL),
-                                 (SELECT now FROM n), $2::text[], $3::text[], 16)) AS run_id
+    SELECT a.run_id FROM runifold_admit(ARRAY(SELECT run_id FROM pick WHERE concurrency_key IS NOT NULL),
+                                        (SELECT now FROM n), $2::text[], $3::text[], 16) AS a(run_id)
     WHERE EXISTS (SELECT 1 FROM pick WHERE concurrency_key IS NOT NULL)
 ), claimed AS (
     UPDATE runifold_runs r SET status = 'running', lease_token = r.lease_token + 1, lease_owner = $1,

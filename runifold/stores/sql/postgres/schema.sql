@@ -317,10 +317,12 @@ $$;
 -- p_spare times, so the claim takes the next one as the rule says. Replacements only try
 -- their keys' locks (a key another claim is deciding is passed over): a claim waits for a
 -- lock only while it holds none of a later key, so claims never wait for each other in a cycle.
+-- (ROWS 1: the planner would otherwise expect ten rows, and so price the claim statement too high
+-- to ever reuse its generic plan, planning it again at every claim.)
 CREATE FUNCTION runifold_admit(
     p_ids text[], p_now double precision, p_names text[], p_exclude text[], p_spare integer
-) RETURNS text[]
-LANGUAGE plpgsql VOLATILE AS $$
+) RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
 DECLARE
     v_admitted text[] := '{}';
     v_seen text[] := p_ids;
@@ -373,7 +375,7 @@ BEGIN
         EXIT WHEN cardinality(v_todo) = 0;
         v_seen := v_seen || v_todo;
     END LOOP;
-    RETURN v_admitted;
+    RETURN QUERY SELECT unnest(v_admitted);
 END
 $$;
 
