@@ -1,6 +1,6 @@
 """How users write workflows: decorators, context and definitions."""
 
-from runifold.dsl._context import WorkflowContext
+from runifold.dsl._context import ChildHandle, WorkflowContext
 from runifold.dsl._decorators import EffectOutcomeUnknown, effect, step, workflow
 from runifold.dsl._definition import (
     Budget,
@@ -15,7 +15,7 @@ from runifold.dsl._definition import (
 )
 
 __all__ = [
-    "Budget", "CapabilitySet", "EffectOutcomeUnknown", "EffectSpec", "Evidence", "ResumePolicy",
+    "Budget", "CapabilitySet", "ChildHandle", "EffectOutcomeUnknown", "EffectSpec", "Evidence", "ResumePolicy",
     "RetryPolicy", "StepSpec", "WorkflowContext", "WorkflowDefinition", "WorkflowSpec",
     "effect", "step", "workflow",
 ]

@@ -65,6 +65,7 @@ class _Run:
     wait_signals: tuple[str, ...] = ()
     reason: str = ""
     recoveries: int = 0
+    parent_run_id: str | None = None
     events: list[StoredEvent] = field(default_factory=list)
     signals: dict[str, _Signal] = field(default_factory=dict)
 
@@ -155,7 +156,7 @@ class MemoryWorkflowStore:
                 results.append(EnqueueResult(existing[0], False))
                 continue
             staged[run_id] = (_Run(run_id, task.checkpoint_id, task.name, task.version, input_json, RunStatus.READY,
-                                   0, now, now, now), task)
+                                   0, now, now, now, parent_run_id=task.parent_run_id), task)
             if task.checkpoint_id is not None:
                 by_checkpoint[task.checkpoint_id] = run_id
             results.append(EnqueueResult(run_id, True))
@@ -239,7 +240,23 @@ class MemoryWorkflowStore:
         run.status, run.wait_signals, run.reason = columns.status, columns.wait_signals, columns.reason
         self._clear_lease(run)
         self._schedule(run, _rule.commit_due(columns, now, {s.inbox.name for s in run.unconsumed()}))
+        self._notify_parent(run, events, now)
         return result
+
+    def _notify_parent(self, run: _Run, events: Sequence[EventRow], now: float) -> None:
+        """Rule 6: a finished child posts its last event to its parent's inbox."""
+        last = events[-1].body.decode() if events else None
+        if not _rule.child_notice(run.status, run.parent_run_id, last):
+            return
+        parent = self._runs.get(run.parent_run_id or "")
+        name = _rule.child_signal(run.run_id)
+        if parent is None or name in parent.signals:
+            return
+        assert last is not None
+        signal = InboxSignal(name, name, msgspec.json.decode(last), _rule.CHILD_SENDER, "child run finished", now)
+        parent.signals[name] = _Signal(signal, "child")
+        if _rule.signal_wakes(parent.status, parent.wait_signals, name):
+            self._schedule(parent, now)
 
     async def release(self, lease: Lease) -> None:
         now = self._clock()
@@ -263,6 +280,7 @@ class MemoryWorkflowStore:
         self._clear_lease(run)
         run.status = status
         self._schedule(run, _rule.intervene_due(status, now))
+        self._notify_parent(run, events, now)
         return result
 
     async def wake(self, run_ref: str) -> RunInfo:

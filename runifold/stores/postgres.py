@@ -289,7 +289,7 @@ class PostgresWorkflowStore:
         # invariant: the run ids are chosen once, before the first attempt: a retry finds its own runs
         args = ([new_run_id(now) for _ in tasks], [t.checkpoint_id for t in tasks], [t.name for t in tasks],
                 [t.version for t in tasks], [t.input_json().decode() for t in tasks], [f.type for f in firsts],
-                [f.key for f in firsts], [f.body.decode() for f in firsts])
+                [f.key for f in firsts], [f.body.decode() for f in firsts], [t.parent_run_id for t in tasks])
 
         async def op(conn: asyncpg.Connection) -> list[EnqueueResult]:
             try:

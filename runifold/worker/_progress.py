@@ -30,6 +30,7 @@ from runifold.errors import (
     RunifoldError,
     SerializationError,
     StepFailedError,
+    StoreError,
     WaitTimeoutError,
     describe,
     traceback_of,
@@ -38,6 +39,7 @@ from runifold.errors import (
 from runifold.history import (
     AnyEvent,
     CallKind,
+    ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
     EffectFailed,
@@ -54,7 +56,7 @@ from runifold.history import (
     convert,
     record,
 )
-from runifold.stores import InboxSignal
+from runifold.stores import EnqueueResult, InboxSignal, WorkflowTask
 from runifold.worker._call import Call, Live, Usage
 from runifold.worker._loop import WorkflowLoop
 
@@ -144,6 +146,8 @@ class LiveProgress:
                         self._resolve(call)
                 case CallKind.SIGNAL:
                     self._try_signal(call, now)
+                case CallKind.CHILD:
+                    self._spawn(call, self._enqueue_child, call.args, {}, None, "body")
                 case CallKind.VALUE | CallKind.CHARGE:
                     raise AssertionError("values and charges are never open")
                 case _ as unreachable:
@@ -320,8 +324,33 @@ class LiveProgress:
                 self._reconciled(call, value, exc)
             elif call.kind is CallKind.STEP:
                 self._step_finished(call, value, exc)
+            elif call.kind is CallKind.CHILD:
+                self._child_started(call, value, exc)
             else:
                 self._effect_finished(call, value, exc)
+
+    async def _enqueue_child(self, task: WorkflowTask) -> EnqueueResult:
+        """Create the child run (idempotent by its checkpoint id: a repeat after a crash finds it)."""
+        assert self._live is not None
+        return await self._live.store.enqueue(task)
+
+    def _child_started(self, call: Call, result: EnqueueResult | None, exc: BaseException | None) -> None:
+        task = call.args[0]
+        assert isinstance(task, WorkflowTask)
+        if isinstance(exc, StoreError):
+            self._abort(exc)  # the store's trouble, never the workflow's: this execution stops, nothing recorded
+        elif exc is not None:
+            if call in self._open:
+                self._open.remove(call)
+            self._resolve(call, error=exc)  # e.g. EnqueueConflictError: the workflow's own checkpoint id
+        else:
+            assert result is not None and task.checkpoint_id is not None
+            started = ChildStarted(key=call.key, run_id=result.run_id, name=task.name, version=task.version,
+                                   checkpoint_id=task.checkpoint_id)
+            self._done(call, [started], (result.run_id, task.checkpoint_id))
+
+    def _abort(self, exc: StoreError) -> None:
+        raise NotImplementedError
 
     def _done(self, call: Call, events: list[AnyEvent], value: Any = None, error: BaseException | None = None) -> None:
         """The call's outcome is known: commit ``events``, then hand the outcome to workflow code."""

@@ -26,7 +26,8 @@ CREATE TABLE runifold_runs (
     wait_signals  text[]  NOT NULL DEFAULT '{}',
     reason        text    NOT NULL DEFAULT '',
     created_at    double precision NOT NULL,
-    updated_at    double precision NOT NULL
+    updated_at    double precision NOT NULL,
+    parent_run_id text                       -- a child workflow's parent: gets its last event when it finishes
 );
 CREATE INDEX runifold_runs_due ON runifold_runs (due_at) WHERE due_at IS NOT NULL;
 CREATE INDEX runifold_runs_listing ON runifold_runs (name, version, status);
@@ -117,7 +118,7 @@ $$;
 -- and nothing is enqueued.
 CREATE FUNCTION runifold_enqueue(
     p_run_ids text[], p_checkpoint_ids text[], p_names text[], p_versions integer[], p_inputs text[],
-    p_types text[], p_keys text[], p_bodies text[]
+    p_types text[], p_keys text[], p_bodies text[], p_parents text[]
 ) RETURNS TABLE (run_id text, created boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -128,9 +129,9 @@ DECLARE
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_run_ids), 0) LOOP
         INSERT INTO runifold_runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at,
-                                   created_at, updated_at)
+                                   created_at, updated_at, parent_run_id)
         VALUES (p_run_ids[i], p_checkpoint_ids[i], p_names[i], p_versions[i], p_inputs[i], 'ready', 1, v_now,
-                v_now, v_now)
+                v_now, v_now, p_parents[i])
         ON CONFLICT DO NOTHING;
         IF FOUND THEN
             INSERT INTO runifold_events (run_id, seq, type, key, at, body)
@@ -154,6 +155,27 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     PERFORM pg_notify('runifold_work', '');
+END
+$$;
+
+-- Rule 6: a run that finished posts its last event (p_body) to its parent's
+-- inbox, once, as signal 'child:<run id>', and wakes the parent if it waits for
+-- it. Returns whether it woke the parent. No parent (or no body): nothing.
+CREATE FUNCTION runifold_notify_parent(p_run text, p_body text, p_now double precision) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_parent text;
+    v_name text := 'child:' || p_run;
+BEGIN
+    SELECT parent_run_id INTO v_parent FROM runifold_runs WHERE run_id = p_run;
+    IF v_parent IS NULL OR p_body IS NULL THEN
+        RETURN false;
+    END IF;
+    INSERT INTO runifold_signals (run_id, signal_id, name, payload, payload_hash, sender, key_id, reason, received_at)
+    VALUES (v_parent, v_name, v_name, p_body, 'child', 'runifold', '', 'child run finished', p_now)
+    ON CONFLICT (run_id, signal_id) DO NOTHING;
+    UPDATE runifold_runs SET due_at = p_now WHERE run_id = v_parent AND status = 'waiting' AND v_name = ANY (wait_signals);
+    RETURN FOUND;
 END
 $$;
 
@@ -267,6 +289,12 @@ BEGIN
             -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
             v_notify := true;
         END IF;
+        -- (nested: SQL does not promise to skip the call when the first condition is false or NULL)
+        IF coalesce(v_status IN ('completed', 'failed', 'cancelled'), false) AND p_count[i] > 0 THEN
+            IF runifold_notify_parent(p_run[i], p_bodies[v_last], v_now) THEN
+                v_notify := true;
+            END IF;
+        END IF;
         ok := true;
         new_revision := p_expected[i] + p_count[i];
         RETURN NEXT;
@@ -365,6 +393,9 @@ BEGIN
         due_at = CASE WHEN p_status IN ('completed', 'failed', 'cancelled') THEN NULL ELSE v_now END,
         lease_token = lease_token + 1, lease_owner = NULL, lease_until = NULL
     WHERE run_id = v_run.run_id;
+    IF p_status IN ('completed', 'failed', 'cancelled') AND v_n > 0 THEN
+        PERFORM runifold_notify_parent(v_run.run_id, p_bodies[v_n], v_now);
+    END IF;
     PERFORM pg_notify('runifold_work', '');
     RETURN QUERY SELECT v_run.run_id, v_run.status, v_run.revision + v_n, v_now;
 END

@@ -21,7 +21,8 @@ CREATE TABLE runs (
     wait_signals  TEXT    NOT NULL DEFAULT '[]', -- JSON array of the signal names a waiting run waits for
     reason        TEXT    NOT NULL DEFAULT '',
     created_at    REAL    NOT NULL,
-    updated_at    REAL    NOT NULL
+    updated_at    REAL    NOT NULL,
+    parent_run_id TEXT                      -- a child workflow's parent: gets its last event when it finishes
 );
 -- Claims only ever look at runs with a due time, so the index stays small as
 -- finished runs accumulate.
