@@ -100,6 +100,7 @@ class MemoryWorkflowStore:
         self._work = asyncio.Event()
         # (due_at, run_id) entries; stale ones (due_at changed since) are dropped lazily
         self._due: list[tuple[float, str]] = []
+        self._finish_waiters: dict[str, set[asyncio.Future[None]]] = {}
 
     def _schedule(self, run: _Run, due_at: float | None) -> None:
         run.due_at = due_at
@@ -244,7 +245,11 @@ class MemoryWorkflowStore:
         return result
 
     def _notify_parent(self, run: _Run, events: Sequence[EventRow], now: float) -> None:
-        """Rule 6: a finished child posts its last event to its parent's inbox."""
+        """Rule 6: a finished child posts its last event to its parent's inbox; awaiting clients wake."""
+        if run.status.finished:
+            for waiter in self._finish_waiters.pop(run.run_id, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
         last = events[-1].body.decode() if events else None
         if not _rule.child_notice(run.status, run.parent_run_id, last):
             return
@@ -380,6 +385,17 @@ class MemoryWorkflowStore:
         except RunNotFoundError:
             run_id = None
         return [a for a in self._audit if (run_id is not None and a.run_id == run_id) or a.run_ref == run_ref]
+
+    async def wait_for_finish(self, run_id: str, timeout: float | None) -> None:
+        """Return when ``run_id`` finishes, or after ``timeout``."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._finish_waiters.setdefault(run_id, set()).add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._finish_waiters.get(run_id, set()).discard(waiter)
 
     async def wait_for_work(self, timeout: float) -> None:
         try:

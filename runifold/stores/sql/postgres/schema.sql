@@ -290,8 +290,9 @@ BEGIN
             v_notify := true;
         END IF;
         -- (nested: SQL does not promise to skip the call when the first condition is false or NULL)
-        IF coalesce(v_status IN ('completed', 'failed', 'cancelled'), false) AND p_count[i] > 0 THEN
-            IF runifold_notify_parent(p_run[i], p_bodies[v_last], v_now) THEN
+        IF coalesce(v_status IN ('completed', 'failed', 'cancelled'), false) THEN
+            PERFORM pg_notify('runifold_finished', p_run[i]);  -- a client awaiting its result wakes
+            IF p_count[i] > 0 AND runifold_notify_parent(p_run[i], p_bodies[v_last], v_now) THEN
                 v_notify := true;
             END IF;
         END IF;
@@ -393,8 +394,11 @@ BEGIN
         due_at = CASE WHEN p_status IN ('completed', 'failed', 'cancelled') THEN NULL ELSE v_now END,
         lease_token = lease_token + 1, lease_owner = NULL, lease_until = NULL
     WHERE run_id = v_run.run_id;
-    IF p_status IN ('completed', 'failed', 'cancelled') AND v_n > 0 THEN
-        PERFORM runifold_notify_parent(v_run.run_id, p_bodies[v_n], v_now);
+    IF p_status IN ('completed', 'failed', 'cancelled') THEN
+        PERFORM pg_notify('runifold_finished', v_run.run_id);
+        IF v_n > 0 THEN
+            PERFORM runifold_notify_parent(v_run.run_id, p_bodies[v_n], v_now);
+        END IF;
     END IF;
     PERFORM pg_notify('runifold_work', '');
     RETURN QUERY SELECT v_run.run_id, v_run.status, v_run.revision + v_n, v_now;
