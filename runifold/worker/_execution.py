@@ -407,22 +407,23 @@ class Execution(LiveProgress):
         try:
             if self._start():
                 await self._drive()
+            report = self.report
+            report.divergence = self._divergence
+            if report.divergence is None:
+                # invariant: read before the teardown, which cancels every task of the workflow
+                pending = [c.key for c in self._open if not c.future.done()]
+                report.stopped_at = pending[0] if pending else None
+                root = self._root
+                if root is not None and root.done():
+                    report.finished = True
+                    if root.cancelled():
+                        report.error = "the workflow's task was cancelled"
+                    elif root.exception() is not None:
+                        report.error = describe(root.exception())  # type: ignore[arg-type]
+                    else:
+                        self._check_result(root.result())
         finally:
             self._teardown()
-        report = self.report
-        report.divergence = self._divergence
-        if report.divergence is None:
-            pending = [c.key for c in self._open if not c.future.done()]
-            report.stopped_at = pending[0] if pending else None
-            root = self._root
-            if root is not None and root.done():
-                report.finished = True
-                if root.cancelled():
-                    report.error = "the workflow's task was cancelled"
-                elif root.exception() is not None:
-                    report.error = describe(root.exception())  # type: ignore[arg-type]
-                else:
-                    self._check_result(root.result())
         return report
 
     def _start(self) -> bool:
