@@ -154,7 +154,7 @@ class View:
     """The routes over one open store and, optionally, the application's registry (for replay and budgets)."""
 
     def __init__(self, store: WorkflowStore, registry: WorkflowRegistry | None, *, store_label: str,
-                 refresh: float) -> None:
+                 refresh: int) -> None:
         self.store = store
         self.registry = registry
         self.store_label = store_label
@@ -196,7 +196,7 @@ class View:
 
     async def runs(self, request: Request) -> Response:
         where = _filter(request)
-        refresh = _int(request, "refresh", default=int(self.refresh), low=0, high=3_600)
+        refresh = _int(request, "refresh", default=self.refresh, low=0, high=3_600)
         data = await _data.runs_page(self.store, where)
         return self.page("runs.html", where=where, data=data, refresh=refresh, page=_int(request, "page", default=1,
                                                                                          low=1))
@@ -249,7 +249,7 @@ class View:
 
 
 def create_app(store: WorkflowStore, registry: WorkflowRegistry | None = None, *, store_label: str = "",
-               refresh: float = 5.0) -> Starlette:
+               refresh: int = 5) -> Starlette:
     """Return the read-only web view of ``store`` as an ASGI application.
 
     Args:

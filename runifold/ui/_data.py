@@ -8,6 +8,7 @@ in the CLI's JSON. Everything here only reads the store.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,10 @@ from runifold.worker._debug import replay
 
 #: the largest page of runs a request may ask for (as ``runifold runs list --limit``)
 MAX_PAGE = 1_000
-#: runs whose audits one page of the overall audit reads
-AUDIT_RUNS_PER_PAGE = 50
+#: runs whose audits one page of the overall audit reads (the store answers audits one run at a time)
+AUDIT_RUNS_PER_PAGE = 10_000
+#: audits read at once while scanning runs
+_AUDITS_AT_ONCE = 50
 #: the keys of ``run_started`` that may name a parent run (child workflows add one; older runs have none)
 PARENT_KEYS = ("parent_run_id", "parent")
 
@@ -56,7 +59,8 @@ async def runs_page(store: WorkflowStore, where: RunFilter) -> dict[str, Any]:
     """A page of runs, newest first, as ``runs list --json`` (``total``, ``next_after``, ``runs``).
 
     Added: ``counts`` (runs per status under the name and version filter),
-    and ``now`` (the store's clock, for the age of unfinished runs).
+    and ``now`` (the store's clock, for the age of unfinished runs). Unlike
+    the CLI's, ``next_after`` is None on a last page that happens to be full.
     """
     if where.ref:
         try:
@@ -67,10 +71,12 @@ async def runs_page(store: WorkflowStore, where: RunFilter) -> dict[str, Any]:
             runs = [found] if where.matches(found) else []
         total, more = len(runs), None
     else:
-        runs = await store.list_runs(status=where.status, name=where.name, version=where.version, limit=where.limit,
-                                     after=where.after)
+        # one run more than the page: the last page knows it is the last (where the CLI's says "maybe")
+        runs = await store.list_runs(status=where.status, name=where.name, version=where.version,
+                                     limit=where.limit + 1, after=where.after)
+        more = runs[where.limit - 1].run_id if len(runs) > where.limit else None
+        runs = runs[:where.limit]
         total = await store.count_runs(status=where.status, name=where.name, version=where.version)
-        more = runs[-1].run_id if len(runs) == where.limit else None
     counts = {s.value: await store.count_runs(status=s, name=where.name, version=where.version) for s in RunStatus}
     return {"total": total, "next_after": more, "runs": [run_row(r) for r in runs], "counts": counts,
             "now": await store.now()}
@@ -182,11 +188,11 @@ async def run_audit(store: WorkflowStore, ref: str, verdict: str | None = None) 
     """
     try:
         info: RunInfo | None = await store.get_run(ref)
-    except RunNotFoundError:
-        info = None
+    except RunNotFoundError as exc:
+        info, unknown = None, exc
     records = await store.audit(ref)  # as `runifold audit REF`: the run's attempts, and those made under REF
     if info is None and not records:
-        raise RunNotFoundError(f"no run with id or checkpoint id {ref!r}, and no signal attempt against it")
+        raise unknown
     return {"run": None if info is None else msgspec.to_builtins(info),
             "records": [msgspec.to_builtins(r) for r in records if _verdict_matches(r, verdict)]}
 
@@ -200,10 +206,20 @@ async def overall_audit(store: WorkflowStore, *, verdict: str | None = None, aft
     references that name no run are not listed (no store method lists them):
     look one up by its reference on the run's audit page.
     """
-    page = await store.list_runs(limit=runs, after=after)
+    page: list[RunInfo] = []
+    cursor = after
+    while len(page) < runs:
+        want = min(MAX_PAGE, runs - len(page))
+        more = await store.list_runs(limit=want, after=cursor)
+        page += more
+        if len(more) < want:
+            break
+        cursor = more[-1].run_id
     records: list[AuditRecord] = []
-    for info in page:
-        records += [r for r in await store.audit(info.run_id) if _verdict_matches(r, verdict)]
+    for start in range(0, len(page), _AUDITS_AT_ONCE):
+        batch = page[start:start + _AUDITS_AT_ONCE]
+        for audit in await asyncio.gather(*(store.audit(info.run_id) for info in batch)):
+            records += [r for r in audit if _verdict_matches(r, verdict)]
     records.sort(key=lambda r: r.at, reverse=True)
     return {"runs_scanned": len(page), "first_run": page[0].run_id if page else None,
             "next_after": page[-1].run_id if len(page) == runs else None,

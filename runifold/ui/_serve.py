@@ -41,7 +41,7 @@ class _Server(uvicorn.Server):
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (``port`` 0: a free one), ready to listen.
+    """A TCP socket listening on ``host:port`` (``port`` 0: a free one): connections queue until the server serves.
 
     Raises:
         OSError: the address cannot be bound (in use, not this machine's, not allowed).
@@ -51,6 +51,7 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(2048)
     except OSError:
         sock.close()
         raise

@@ -55,18 +55,18 @@ def describe(event: AnyEvent) -> tuple[str, str, str]:
             return f"{name} v{version} started with {value(data)}", "", ""
         case StepCompleted(attempt=attempt, output=output):
             return f"attempt {attempt} returned {value(output)}", "", ""
-        case StepFailed(attempt=attempt, error=error, error_type=error_type, retry_at=retry_at):
-            return (f"attempt {attempt} raised {error_type or 'an error'}: {error}"
+        case StepFailed(attempt=attempt, error=error, retry_at=retry_at):
+            return (f"attempt {attempt} raised {error}"
                     f"{_retry(retry_at, final='; no attempts left')}"), "", ""
         case EffectStarted(attempt=attempt, idempotency_key=idem):
             return f"attempt {attempt} started, idempotency key {idem}", "", ""
         case EffectCompleted(attempt=attempt, output=output):
             return f"attempt {attempt} returned {value(output)}", "", ""
-        case EffectFailed(attempt=attempt, error=error, error_type=error_type, retry_at=retry_at):
-            return (f"attempt {attempt} raised {error_type or 'an error'}: {error}"
+        case EffectFailed(attempt=attempt, error=error, retry_at=retry_at):
+            return (f"attempt {attempt} raised {error}"
                     f"{_retry(retry_at, final='; no attempts left')}"), "", ""
-        case EffectUnknown(attempt=attempt, error=error, error_type=error_type, retry_at=retry_at):
-            return (f"attempt {attempt}: outcome unknown ({error_type or 'error'}: {error})"
+        case EffectUnknown(attempt=attempt, error=error, retry_at=retry_at):
+            return (f"attempt {attempt}: outcome unknown ({error})"
                     f"{_retry(retry_at, final='')}"), "", ""
         case EffectReconciled(verdict=verdict, detail=detail, output=output, retry_at=retry_at):
             found = f"evidence: {verdict}" + (f" ({detail})" if detail else "")
