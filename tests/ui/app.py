@@ -186,15 +186,13 @@ async def fill(store: WorkflowStore, *, bulk_runs: int = BULK) -> Filled:
     await store.wake("evolving-diverged")  # its timer is due now: today's code claims it and diverges
     await _until(store, _worker(store, registry), {filled.approved: RunStatus.COMPLETED,
                                                    "evolving-diverged": RunStatus.DIVERGED})
-    await _enqueue(store, "steps", "order-ready", n=6)  # after the workers: nobody runs it
-    await _enqueue(store, "steps", "order-running", n=7)
+    await _enqueue(store, "steps", "order-running", n=7)  # after the workers: nobody drives it
     claim = await store.claim("ui-test-holder", {"steps"}, 3_600)  # held, never driven: running
-    assert claim is not None and claim.checkpoint_id in ("order-ready", "order-running")
-    running = claim.checkpoint_id
+    assert claim is not None and claim.checkpoint_id == "order-running"
+    await _enqueue(store, "steps", "order-ready", n=6)  # after the claim: nobody claims it
     filled.refs = {RunStatus.COMPLETED: "order-done", RunStatus.WAITING: "approve-waiting",
                    RunStatus.FAILED: "parse-failed", RunStatus.PARKED: "pay-parked",
                    RunStatus.DIVERGED: "evolving-diverged", RunStatus.CANCELLED: "order-cancelled",
-                   RunStatus.RUNNING: running,
-                   RunStatus.READY: "order-ready" if running == "order-running" else "order-running"}
+                   RunStatus.RUNNING: "order-running", RunStatus.READY: "order-ready"}
     await store.enqueue_many([WorkflowTask("bulk", 1, {"n": i}, f"bulk-{i:04d}") for i in range(bulk_runs)])
     return filled

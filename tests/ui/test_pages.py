@@ -14,10 +14,14 @@ ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 def rows(page: Any, table: str = "#runs") -> list[dict[str, str]]:
-    """The body rows of ``table`` as {column header: cell text}."""
+    """The body rows of ``table`` as {column header: cell text}; a runs list's status is its badge alone."""
     headers = page.locator(f"{table} thead th").all_inner_texts()
-    return [dict(zip(headers, row.locator("td").all_inner_texts(), strict=False))
-            for row in page.locator(f"{table} tbody tr").all()]
+    found = [dict(zip(headers, row.locator("td").all_inner_texts(), strict=False))
+             for row in page.locator(f"{table} tbody tr").all()]
+    for row in found:
+        if table == "#runs" and "status" in row:
+            row["status"], _, row["status detail"] = row["status"].partition("\n")
+    return found
 
 
 def test_runs_list_shows_each_status(served: Served, page: Any) -> None:
@@ -38,7 +42,15 @@ def test_runs_list_shows_each_status(served: Served, page: Any) -> None:
         page.fill('input[name="ref"]', ref)  # the status stays selected in the form
         page.click('form.filters button[type="submit"]')
         page.wait_for_load_state()
-        assert [(r["checkpoint id"], r["status"]) for r in rows(page)] == [(ref, status.value)]
+        [row] = rows(page)
+        assert (row["checkpoint id"], row["status"]) == (ref, status.value)
+        if status is RunStatus.RUNNING:
+            holder, _, until = row["status detail"].rpartition(" until ")
+            assert holder == "lease ui-test-holder" and ISO.match(until)
+        elif status in (RunStatus.READY, RunStatus.WAITING, RunStatus.DIVERGED) and row["status detail"]:
+            assert row["status detail"].startswith("due ") and ISO.match(row["status detail"][4:])
+        if status is RunStatus.DIVERGED:
+            assert row["status detail"]  # tried again a minute later
     page.goto(served.url + "runs?refresh=0&status=completed")
     done = {r["checkpoint id"]: r for r in rows(page)}
     assert re.match(r"^\d+ ms$|^\d+\.\d s$", done["order-done"]["duration"])  # finished: how long it took
