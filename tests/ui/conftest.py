@@ -115,7 +115,6 @@ async def _fill(store_url: str) -> Filled:
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A store of each kind filled by running workflows, and `runifold ui` serving it (stopped with SIGTERM)."""
-    require_chromium()
     if request.param == "sqlite":
         store_url = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'ui.db'}"
     else:

@@ -24,12 +24,20 @@ def rows(page: Any, table: str = "#runs") -> list[dict[str, str]]:
     return found
 
 
+def links_are_relative(page: Any) -> bool:
+    """No link or form names an absolute path or another host: the view works under any prefix a proxy strips."""
+    hrefs = page.locator("a[href], form[action]").evaluate_all(
+        "els => els.map(e => e.getAttribute('href') ?? e.getAttribute('action'))")
+    return bool(hrefs) and not any(h.startswith(("/", "http:", "https:")) for h in hrefs)
+
+
 def test_runs_list_shows_each_status(served: Served, page: Any) -> None:
     """The runs page counts runs per status, and each status's link lists exactly its runs, with ISO-8601 times."""
     page.goto(served.url + "runs?refresh=0")
     counts = {s.value: int(page.locator(f'#counts a[data-status="{s.value}"] b').inner_text()) for s in RunStatus}
     assert counts == {"ready": 1 + BULK, "running": 1, "waiting": 1, "parked": 1, "diverged": 1, "completed": 2,
                       "failed": 1, "cancelled": 1}
+    assert links_are_relative(page)
     served.shot(page, "runs")
     for status, ref in served.filled.refs.items():
         page.locator(f'#counts a[data-status="{status.value}"]').click()
@@ -96,6 +104,7 @@ def test_failed_run_shows_its_traceback_and_retries(served: Served, page: Any) -
     assert page.locator("#replay-verdict").inner_text().startswith("clean")
     usage = {r["what"]: r for r in rows(page, "#usage")}
     assert usage["steps"]["used"] == "2" and usage["steps"]["budget"].startswith("10000")
+    assert links_are_relative(page)
     served.shot(page, "run-failed")
 
 
@@ -159,6 +168,7 @@ def test_audit_escapes_a_hostile_attempt(served: Served, page: Any) -> None:
         assert page.locator("script").count() == 0 and page.locator("#audit img").count() == 0
         assert page.title() == "Audit · runifold"  # no script ran: it would have set the title
         assert all(ISO.match(r["at (UTC)"]) for r in records)
+        assert links_are_relative(page)
         served.shot(page, "audit-run" if "ref=" in path else "audit")
     page.goto(served.url + "audit?ref=approve-1&verdict=rejected")
     assert {r["verdict"] for r in rows(page, "#audit")} == {"rejected:bad_signature", "rejected:invalid"}
