@@ -53,21 +53,15 @@ def describe(event: AnyEvent) -> tuple[str, str, str]:
     match event:
         case RunStarted(name=name, version=version, input=data):
             return f"{name} v{version} started with {value(data)}", "", ""
-        case StepCompleted(attempt=attempt, output=output):
+        case StepCompleted(attempt=attempt, output=output) | EffectCompleted(attempt=attempt, output=output):
             return f"attempt {attempt} returned {value(output)}", "", ""
-        case StepFailed(attempt=attempt, error=error, retry_at=retry_at):
-            return (f"attempt {attempt} raised {error}"
-                    f"{_retry(retry_at, final='; no attempts left')}"), "", ""
+        case StepFailed(attempt=attempt, error=error, retry_at=retry_at) | EffectFailed(
+                attempt=attempt, error=error, retry_at=retry_at):
+            return f"attempt {attempt} raised {error}{_retry(retry_at, final='; no attempts left')}", "", ""
         case EffectStarted(attempt=attempt, idempotency_key=idem):
             return f"attempt {attempt} started, idempotency key {idem}", "", ""
-        case EffectCompleted(attempt=attempt, output=output):
-            return f"attempt {attempt} returned {value(output)}", "", ""
-        case EffectFailed(attempt=attempt, error=error, retry_at=retry_at):
-            return (f"attempt {attempt} raised {error}"
-                    f"{_retry(retry_at, final='; no attempts left')}"), "", ""
         case EffectUnknown(attempt=attempt, error=error, retry_at=retry_at):
-            return (f"attempt {attempt}: outcome unknown ({error})"
-                    f"{_retry(retry_at, final='')}"), "", ""
+            return f"attempt {attempt}: outcome unknown ({error}){_retry(retry_at, final='')}", "", ""
         case EffectReconciled(verdict=verdict, detail=detail, output=output, retry_at=retry_at):
             found = f"evidence: {verdict}" + (f" ({detail})" if detail else "")
             if output is not None:
