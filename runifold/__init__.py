@@ -3,6 +3,7 @@
 Everything public is re-exported here; other modules are internal.
 """
 
+from runifold.client import Client, RunHandle, connect
 from runifold.dsl import (
     Budget,
     CapabilitySet,
@@ -27,6 +28,7 @@ from runifold.errors import (
     LeaseLostError,
     NondeterminismError,
     RegistrationError,
+    RunFailedError,
     RunFailure,
     RunifoldError,
     RunNotFoundError,
@@ -73,6 +75,7 @@ __all__ = [
     "CapabilityDeniedError",
     "CapabilitySet",
     "Checkpoint",
+    "Client",
     "Completed",
     "ConfigurationError",
     "DefinitionUnavailable",
@@ -97,7 +100,9 @@ __all__ = [
     "Resolution",
     "Retried",
     "RetryPolicy",
+    "RunFailedError",
     "RunFailure",
+    "RunHandle",
     "RunInfo",
     "RunNotFoundError",
     "RunStatus",
@@ -127,6 +132,7 @@ __all__ = [
     "WorkflowWorker",
     "cancel_run",
     "check_compatibility",
+    "connect",
     "effect",
     "open_store",
     "replay_run",

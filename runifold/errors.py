@@ -17,6 +17,7 @@
     │   └── StoreUnavailableError the store could not be reached or stayed busy
     ├── SignalRejectedError       a signal failed authentication, freshness, limits or scope
     │   └── SignalConflictError   a signal id was reused with another payload
+    ├── RunFailedError            a run you await failed or was cancelled (RunHandle.result)
     ├── RunFailure                why a run was failed by the engine
     │   ├── BudgetExceededError
     │   └── CapabilityDeniedError
@@ -42,6 +43,7 @@ __all__ = [
     "LeaseLostError",
     "NondeterminismError",
     "RegistrationError",
+    "RunFailedError",
     "RunFailure",
     "RunNotFoundError",
     "RunifoldError",
@@ -168,6 +170,19 @@ class SignalConflictError(SignalRejectedError):
             f"signal id {signal_id!r} was already used for run {run_id} with a different name or payload; "
             "a signal id names one signal: use a new id for a new signal",
         )
+
+
+class RunFailedError(RunifoldError):
+    """The run whose result you awaited failed or was cancelled."""
+
+    def __init__(self, run_id: str, status: str, reason: str, *, error_type: str = "", traceback: str = "") -> None:
+        self.run_id = run_id
+        self.status = status
+        self.reason = reason
+        #: the exception that ended the run (qualified class name), and its bounded traceback, if one did
+        self.error_type = error_type
+        self.traceback = traceback
+        super().__init__(f"run {run_id} {status}: {reason}")
 
 
 class RunFailure(RunifoldError):

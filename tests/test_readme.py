@@ -21,3 +21,14 @@ def test_readme_python_examples_run(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
         if "run_once()" in block:
             assert "Completed(" in result.stdout
+
+
+def test_testing_guide_examples_run(tmp_path: Path) -> None:
+    """Every ```python block of docs/testing.md runs as written (they assert what the guide says)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "testing.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    for i, block in enumerate(blocks):
+        script = tmp_path / f"testing{i}.py"
+        script.write_text(block)
+        result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr

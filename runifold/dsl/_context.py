@@ -61,7 +61,7 @@ class Driver(Protocol):
 
     async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None: ...
 
-    async def wait_signal(self, scope: Scope, name: str, timeout: float | None) -> Any: ...
+    async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any) -> Any: ...
 
     def store_time(self) -> float: ...
 
@@ -150,12 +150,18 @@ class WorkflowContext:
         b = _binding()
         await b.driver.sleep(b.scope, None, when.timestamp())
 
-    async def wait_signal(self, name: str, timeout: timedelta | None = None) -> Any:
-        """Suspend until signal ``name`` arrives; return its payload.
+    async def wait_signal(self, name: str, timeout: timedelta | None = None, *, type: Any = Any) -> Any:
+        """Suspend until signal ``name`` arrives; return its payload, converted to ``type`` if given.
+
+        ``type`` may be anything a step may return (a msgspec Struct, a dataclass,
+        a pydantic model, ``dict[str, int]``...); without it the payload is plain JSON.
 
         Raises:
             WaitTimeoutError: when ``timeout`` passes first (also on replay).
+            SerializationError: the payload does not fit ``type`` (also on replay);
+                the signal is consumed.
         """
         check_signal_name(name)
         b = _binding()
-        return await b.driver.wait_signal(b.scope, name, None if timeout is None else timeout.total_seconds())
+        seconds = None if timeout is None else timeout.total_seconds()
+        return await b.driver.wait_signal(b.scope, name, seconds, type)

@@ -12,7 +12,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
 from runifold.dsl._context import current
 from runifold.dsl._definition import (
@@ -38,6 +38,11 @@ STEP_ATTR = "__runifold_step__"
 def _check_async(fn: Callable[..., Any], what: str) -> None:
     if not inspect.iscoroutinefunction(fn):
         raise ConfigurationError(f"@{what} needs an `async def` function, got {fn!r}")
+
+
+def _check_callable(fn: Callable[..., Any], what: str) -> None:
+    if not callable(fn) or inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ConfigurationError(f"@{what} needs an `async def` or a plain `def` function, got {fn!r}")
 
 
 def _check_id(value: str, what: str) -> str:
@@ -70,29 +75,50 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[
     return decorate
 
 
+class StepDecorator(Protocol):
+    """What ``@step(...)`` returns: it takes an ``async def`` or a plain ``def``; either is awaited."""
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, Awaitable[R]]: ...
+
+
 def step(
-    *, id: str | None = None, retry: RetryPolicy | None = None, requires: str | None = None
-) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+    *, id: str | None = None, retry: RetryPolicy | None = None, requires: str | None = None,
+    timeout: timedelta | None = None,
+) -> StepDecorator:
     """Declare a durable step: its result is recorded and never recomputed on replay.
+
+    The body is an ``async def``, or a plain ``def`` that runs in a worker
+    thread (the run's lease is renewed meanwhile); from workflow code either is
+    awaited.
 
     Args:
         id: the step's stable id in histories (default: the function's name).
             Treat it like a database column name: renaming it breaks running workflows.
         retry: retry policy for exceptions the body raises (default: 3 attempts).
         requires: a capability the workflow definition must be granted.
+        timeout: the longest one attempt may take; it then fails with
+            ``TimeoutError`` and is retried by ``retry`` (a plain ``def`` body's thread
+            cannot be stopped: it finishes in the background and its result is dropped).
     """
+    if timeout is not None and timeout <= timedelta(0):
+        raise ConfigurationError(f"step timeout must be positive, got {timeout}")
 
-    def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-        _check_async(fn, "step")
-        spec = StepSpec(_check_id(id or fn.__name__, "step"), fn, retry or RetryPolicy(), requires, _ReturnType(fn))
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        _check_callable(fn, "step")
+        spec = StepSpec(_check_id(id or fn.__name__, "step"), fn, retry or RetryPolicy(), requires, _ReturnType(fn),
+                        timeout)
+        plain = not inspect.iscoroutinefunction(fn)
 
         @functools.wraps(fn)
-        async def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        async def call(*args: Any, **kwargs: Any) -> Any:
             binding = current.get()
             if binding is None:
-                return await fn(*args, **kwargs)
-            result: R = await binding.driver.call_step(spec, binding.scope, args, kwargs)
-            return result
+                return fn(*args, **kwargs) if plain else await fn(*args, **kwargs)
+            return await binding.driver.call_step(spec, binding.scope, args, kwargs)
 
         setattr(call, STEP_ATTR, spec)
         return call

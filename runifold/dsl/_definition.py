@@ -174,10 +174,11 @@ class StepSpec:
     """A step as declared by ``@step``."""
 
     id: str
-    fn: Callable[..., Awaitable[Any]]
+    fn: Callable[..., Any]
     retry: RetryPolicy
     requires: str | None
     returns: _ReturnType
+    timeout: timedelta | None = None
 
 
 @final

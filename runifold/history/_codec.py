@@ -11,7 +11,10 @@ give back an equal value (NaN, a tuple or set without an annotation, a
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
+import typing
 from typing import Any, TypeVar
 
 import msgspec
@@ -21,7 +24,18 @@ from runifold.history._events import AnyEvent
 
 T = TypeVar("T")
 
-_encoder = msgspec.json.Encoder()
+def _enc_hook(value: Any) -> Any:
+    """Encode what msgspec does not know natively: pydantic models (pydantic is optional)."""
+    dump = getattr(value, "model_dump", None)
+    if dump is not None and "pydantic" in sys.modules:
+        import pydantic
+
+        if isinstance(value, pydantic.BaseModel):
+            return dump(mode="json")
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
+_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
 _event_decoder = msgspec.json.Decoder(AnyEvent)
 _any_decoder = msgspec.json.Decoder()
 
@@ -60,7 +74,7 @@ def encode_value(value: Any, *, what: str) -> bytes:
     except _ENCODE_ERRORS as exc:
         raise SerializationError(f"{what} cannot be recorded ({exc}); {_ADVICE}") from exc
     # invariant: msgspec writes NaN and infinities as null, so only a value with a null can hold one
-    if b"null" in raw and _non_finite(msgspec.to_builtins(value)):
+    if b"null" in raw and _non_finite(msgspec.to_builtins(value, enc_hook=_enc_hook)):
         raise SerializationError(
             f"{what} cannot be recorded: it holds NaN or an infinity, which JSON cannot represent; "
             "return None or a string for a missing or unbounded number"
@@ -89,13 +103,39 @@ def to_plain(value: Any, *, what: str) -> Any:
     return _any_decoder.decode(encode_value(value, what=what))
 
 
+@functools.lru_cache(maxsize=1024)
+def _pydantic_adapter(type_: Any) -> Any:
+    """A pydantic ``TypeAdapter`` for annotations that involve a pydantic model, else None."""
+    if "pydantic" not in sys.modules:
+        return None  # no model can be involved: nothing imported pydantic
+    import pydantic
+
+    def involves(t: Any) -> bool:
+        if isinstance(t, type) and issubclass(t, pydantic.BaseModel):
+            return True
+        return any(involves(arg) for arg in typing.get_args(t))
+
+    return pydantic.TypeAdapter(type_) if involves(type_) else None
+
+
+def _to_type(value: Any, type_: Any) -> Any:
+    """``value`` (JSON builtins) as ``type_``; raises ValueError (msgspec's or pydantic's) when it does not fit."""
+    try:
+        adapter = _pydantic_adapter(type_)
+    except TypeError:  # an unhashable annotation: not a pydantic one
+        adapter = None
+    if adapter is not None:
+        return adapter.validate_python(value)
+    return msgspec.convert(value, type_, strict=False)
+
+
 def convert(value: Any, type_: Any, *, what: str) -> Any:
     """Convert recorded JSON builtins to ``type_``: what workflow code receives, live or replayed."""
     if type_ is Any:
         return value
     try:
-        return msgspec.convert(value, type_, strict=False)
-    except msgspec.ValidationError as exc:
+        return _to_type(value, type_)
+    except ValueError as exc:  # msgspec.ValidationError and pydantic.ValidationError are ValueErrors
         raise SerializationError(
             f"recorded value of {what} does not fit its annotated type {_name(type_)} ({exc}); "
             "the type changed incompatibly: register the change as a new version"
@@ -114,8 +154,8 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     """
     plain = to_plain(value, what=what)
     try:
-        live = msgspec.convert(plain, type_, strict=False) if type_ is not Any else plain
-    except msgspec.ValidationError as exc:
+        live = _to_type(plain, type_) if type_ is not Any else plain
+    except ValueError as exc:
         raise SerializationError(
             f"{what} returned a {type(value).__name__} that does not fit its annotated type "
             f"{_name(type_)} ({exc}); return that type or fix the annotation"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,8 +23,6 @@ class Call:
     spec: StepSpec | EffectSpec | None = None
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    #: the calling task's context: a body runs in a copy of it
-    context: contextvars.Context | None = None
     name: str = ""  # the signal a wait is for
     attempt: int = 1
     #: not before (a retry, a timer) or the deadline (a signal wait), on the store's clock

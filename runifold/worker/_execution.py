@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, assert_never
 
+import structlog
 from runifold._log import get_logger
 
 from runifold.dsl import WorkflowContext, WorkflowDefinition
@@ -162,7 +163,8 @@ class Execution(LiveProgress):
         # events that must be durable before their action runs: (events, action after the commit)
         self._outbox: list[tuple[list[AnyEvent], Callable[[], None]]] = []
         self._bodies: set[asyncio.Task[Any]] = set()
-        self._finished: list[tuple[Call, asyncio.Task[Any], str]] = []
+        self._starts = []
+        self._finished = []
         self._failure: tuple[str, BaseException | None, str] | None = None  # reason, exception, call key
         self._divergence: NondeterminismError | None = None
         self._lost: str | None = None
@@ -209,9 +211,9 @@ class Execution(LiveProgress):
         fire_at = until if until is not None else self.store_time() + (delay or 0.0)
         await self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at).future
 
-    async def wait_signal(self, scope: Scope, name: str, timeout: float | None) -> Any:
+    async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any = Any) -> Any:
         deadline = None if timeout is None else self.store_time() + timeout
-        return await self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, Any, name=name, due=deadline).future
+        return await self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name, due=deadline).future
 
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         key = scope.key(kind)
@@ -251,7 +253,7 @@ class Execution(LiveProgress):
     def _register(self, key: str, kind: CallKind, returns: Any, **fields: Any) -> Call:
         """Register a call made by workflow code; its future is resolved by the driver only."""
         events = self._visit(key, kind)
-        call = Call(key, kind, self._loop.create_future(), returns, context=contextvars.copy_context(), **fields)
+        call = Call(key, kind, self._loop.create_future(), returns, **fields)
         if self._divergence is not None:
             return call  # never resolved: the driver ends the execution
         self._calls[key] = call
@@ -402,7 +404,10 @@ class Execution(LiveProgress):
             else:
                 self._fail(exc, "")
             return False
-        self._root = self._loop.start(self._workflow(kwargs), Binding(self, Scope()))
+        ctx = contextvars.copy_context()
+        # log lines of workflow code carry the run id (structlog's contextvars)
+        ctx.run(structlog.contextvars.bind_contextvars, run_id=self.run_id)
+        self._root = self._loop.start(self._workflow(kwargs), Binding(self, Scope()), ctx)
         return True
 
     async def _workflow(self, kwargs: dict[str, Any]) -> Any:
@@ -440,8 +445,11 @@ class Execution(LiveProgress):
                 continue
             if self._failure is None and not root.done():
                 self._advance()
-                if self._resolutions or self._outbox or loop.has_ready:
-                    continue
+            if self._starts:
+                await self._launch()
+                continue
+            if self._resolutions or self._outbox or loop.has_ready:
+                continue
             if self._bodies or (loop.waiting_in_real_time and not root.done()):
                 await self._wait(self._next_due())
                 continue
@@ -498,7 +506,7 @@ class Execution(LiveProgress):
                 wait = wait_state(events)
                 if isinstance(wait, WaitReceived):
                     steps.append((key, "signal received"))
-                    return self._converted(call, wait.payload), None
+                    return self._payload(call, wait.payload)
                 steps.append((key, "wait timed out"))
                 return None, WaitTimeoutError(key, call.name)
             case _:

@@ -65,6 +65,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
     def run_ready(self) -> None:
         """Run workflow code until no workflow task is runnable."""
+        if not self._ready:
+            return
         outer = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(self)
         self._stepping = True
@@ -88,9 +90,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         """A workflow task awaits ``asyncio.sleep``, a timeout or ``asyncio.to_thread``."""
         return bool(self._timers) or self._jobs > 0
 
-    def start(self, coro: Coroutine[Any, Any, Any], binding: Binding) -> asyncio.Task[Any]:
-        """Create the workflow's root task, bound to ``binding``."""
-        ctx = contextvars.copy_context()
+    def start(self, coro: Coroutine[Any, Any, Any], binding: Binding, ctx: contextvars.Context) -> asyncio.Task[Any]:
+        """Create the workflow's root task in ``ctx`` (a context of its own), bound to ``binding``."""
         ctx.run(current.set, binding)
         return self._task(coro, ctx, None)
 

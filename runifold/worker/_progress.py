@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
+import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, assert_never
 
 import msgspec
+import structlog
 
 from runifold.dsl import Evidence, ResumePolicy, WorkflowDefinition
-from runifold.dsl._context import current
 from runifold.dsl._decorators import EffectOutcomeUnknown
 from runifold.dsl._definition import EffectSpec, RetryPolicy, StepSpec
 from runifold.errors import (
@@ -53,8 +56,21 @@ from runifold.history import (
 )
 from runifold.stores import InboxSignal
 from runifold.worker._call import Call, Live, Usage
+from runifold.worker._loop import WorkflowLoop
 
 _UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
+
+
+@dataclass(frozen=True)
+class _Start:
+    """A body (or a reconcile function) to start for a call."""
+
+    call: Call
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    timeout: float | None
+    what: str  # "body" or "reconcile"
 
 
 class LiveProgress:
@@ -75,7 +91,9 @@ class LiveProgress:
     _outbox: list[tuple[list[AnyEvent], Callable[[], None]]]
     _resolutions: deque[tuple[Call, Any, BaseException | None]]
     _bodies: set[asyncio.Task[Any]]
-    _finished: list[tuple[Call, asyncio.Task[Any], str]]
+    _starts: list[_Start]
+    _finished: list[tuple[Call, Any, BaseException | None, str]]  # call, value, exception, "body" or "reconcile"
+    _loop: WorkflowLoop
     _failure: tuple[str, BaseException | None, str] | None
     _closing: bool
 
@@ -84,6 +102,17 @@ class LiveProgress:
 
     def _wake_up(self) -> None:
         raise NotImplementedError
+
+    def _next_due(self) -> float | None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _payload(call: Call, payload: Any) -> tuple[Any, BaseException | None]:
+        """A signal's payload as the wait's type; one that does not fit is the workflow's error, live and replayed."""
+        try:
+            return convert(payload, call.returns, what=f"the payload of signal {call.name!r} ({call.key})"), None
+        except SerializationError as exc:
+            return None, exc
 
     def _resolve(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
         """Queue an outcome; the driver hands them over one at a time, in the order queued."""
@@ -135,7 +164,8 @@ class LiveProgress:
                 ))
                 self._open.remove(call)
                 self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
-                self._resolve(call, convert(signal.payload, call.returns, what=call.key))
+                value, error = self._payload(call, signal.payload)
+                self._resolve(call, value, error)
                 return
         if call.due is not None and now >= call.due:
             self._open.remove(call)
@@ -175,7 +205,8 @@ class LiveProgress:
         if not self._allowed(call, CallKind.STEP, spec.requires):
             return
         self.usage.steps += 1
-        self._spawn(call, spec.fn, call.args, call.kwargs, None, "body")
+        timeout = None if spec.timeout is None else spec.timeout.total_seconds()
+        self._spawn(call, spec.fn, call.args, call.kwargs, timeout, "body")
 
     def _start_effect(self, call: Call) -> None:
         spec = call.spec
@@ -225,30 +256,66 @@ class LiveProgress:
 
     def _spawn(self, call: Call, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                timeout: float | None, what: str) -> None:
-        """Run a body (or a reconcile) as a task of the worker's loop, in a copy of the caller's context."""
+        """Queue a body (or a reconcile) to start; the driver launches what is queued (see :meth:`_launch`)."""
         call.busy = True
-        ctx = (call.context or contextvars.Context()).copy()
-        # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
-        ctx.run(current.set, None)
-        task = self._outer.create_task(_body(fn, args, kwargs, timeout), context=ctx)
-        self._bodies.add(task)
-        task.add_done_callback(lambda done: self._body_done(call, done, what))
+        self._starts.append(_Start(call, fn, args, kwargs, timeout, what))
 
-    def _body_done(self, call: Call, task: asyncio.Task[Any], what: str) -> None:
+    async def _launch(self) -> None:
+        """Start the queued bodies.
+
+        A body that is the only thing this run could do meanwhile (no other body in flight, no
+        real-time wait in workflow code, nothing with a due time) runs right here, in the driver's task:
+        nothing else could progress while it runs, and the hand-off to a task of its own and back
+        would cost loop passes that hold up this run's next commit. Others run as tasks.
+        """
+        starts, self._starts = self._starts, []
+        alone = len(starts) == 1 and not self._bodies and not self._loop.waiting_in_real_time
+        if alone and self._next_due() is None:
+            start = starts[0]
+            task = asyncio.current_task()
+            value: Any = None
+            exc: BaseException | None = None
+            # this task is the run's own: bind what user code's log lines carry, and unbind after
+            bound = structlog.contextvars.bind_contextvars(run_id=self.run_id, key=start.call.key)
+            try:
+                value = await _body(start.fn, start.args, start.kwargs, start.timeout)
+            except asyncio.CancelledError as err:
+                if task is not None and task.cancelling():
+                    raise  # the worker itself is being cancelled
+                exc = err  # the body raised CancelledError itself: a failure like any other
+            except Exception as err:
+                exc = err
+            finally:
+                structlog.contextvars.reset_contextvars(**bound)
+            self._finished.append((start.call, value, exc, start.what))
+            return
+        for start in starts:
+            # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
+            ctx = contextvars.copy_context()
+            ctx.run(structlog.contextvars.bind_contextvars, run_id=self.run_id, key=start.call.key)
+            task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout), context=ctx)
+            self._bodies.add(task)
+            task.add_done_callback(functools.partial(self._body_done, start))
+
+    def _body_done(self, start: _Start, task: asyncio.Task[Any]) -> None:
         self._bodies.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved here: an execution that stops before collecting it records nothing
+        value: Any = None
+        exc: BaseException | None
+        if task.cancelled():
+            # a body that raised CancelledError itself (nobody cancelled it) failed like any other
+            exc = asyncio.CancelledError("the body raised CancelledError")
+        else:
+            exc = task.exception()  # retrieved here: an execution that stops before collecting it records nothing
+            if exc is None:
+                value = task.result()
         if not self._closing:
-            self._finished.append((call, task, what))
+            self._finished.append((start.call, value, exc, start.what))
             self._wake_up()
 
     def _collect_finished(self) -> None:
         finished, self._finished = self._finished, []
-        for call, task, what in finished:
+        for call, value, exc, what in finished:
             call.busy = False
-            # a body that raised CancelledError itself (nobody cancelled it) failed like any other
-            exc = asyncio.CancelledError("the body raised CancelledError") if task.cancelled() else task.exception()
-            value = None if exc is not None else task.result()
             if what == "reconcile":
                 self._reconciled(call, value, exc)
             elif call.kind is CallKind.STEP:
@@ -381,7 +448,14 @@ class LiveProgress:
 
 
 async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
+    """Run one body: a coroutine function on this loop, a plain function in a worker thread."""
     if timeout is None:
-        return await fn(*args, **kwargs)
+        return await _call(fn, args, kwargs)
     async with asyncio.timeout(timeout):
+        return await _call(fn, args, kwargs)
+
+
+async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)

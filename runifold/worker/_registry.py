@@ -5,10 +5,9 @@ from __future__ import annotations
 import inspect
 from typing import Any, final
 
-import msgspec
-
 from runifold.dsl import WorkflowDefinition
-from runifold.errors import InvalidInputError, RegistrationError, UnknownWorkflowError
+from runifold.errors import InvalidInputError, RegistrationError, SerializationError, UnknownWorkflowError
+from runifold.history import convert
 from runifold.stores import WorkflowTask
 
 
@@ -79,10 +78,28 @@ def bind_input(definition: WorkflowDefinition, data: dict[str, Any]) -> dict[str
             f"input for workflow {definition.name!r} v{definition.version} does not fit its "
             f"parameters {list(types)}: missing {missing}, unexpected {unexpected}"
         )
-    try:
-        return {k: msgspec.convert(v, types[k], strict=False) for k, v in data.items()}
-    except msgspec.ValidationError as exc:
-        raise InvalidInputError(f"input for workflow {definition.name!r}: {exc}") from exc
+    kwargs = {}
+    for name, value in data.items():
+        try:
+            kwargs[name] = convert(value, types[name], what=f"parameter {name!r}")
+        except SerializationError as exc:
+            raise InvalidInputError(
+                f"input for workflow {definition.name!r} v{definition.version}: parameter {name!r} expects "
+                f"{getattr(types[name], '__name__', types[name])!r}, got {type(value).__name__} "
+                f"{str(value)[:60]!r} ({_first_line(exc.__cause__ or exc)})"
+            ) from exc
+    return kwargs
+
+
+def _first_line(exc: BaseException) -> str:
+    """A validation error in one line: pydantic's per field, msgspec's as it is."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in errors())[:300]
+        except Exception:  # not pydantic's errors(): fall back to the message
+            pass
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def _has_default(definition: WorkflowDefinition, param: str) -> bool:

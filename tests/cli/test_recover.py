@@ -9,7 +9,7 @@ from typing import Any
 from runifold import RunStatus, WorkflowTask, open_store
 from runifold.history import RunFailed, StepFailed
 from runifold.stores import EventRow, Finish, Reschedule, Suspend, Transition
-from tests.cli.conftest import Cli, run_worker_until
+from tests.cli.conftest import Cli, key_file, run_worker_until
 
 STEP_TRACE = ('Traceback (most recent call last):\n  File "tests/cli/app.py", line 86, in fragile\n'
               '    raise ValueError(f"cannot handle {n} yet")\nValueError: cannot handle 1 yet')
@@ -200,3 +200,20 @@ async def test_purge_deletes_runs_finished_before_a_time_in_batches(cli: Cli) ->
     assert json.loads(purged.stdout) == {"purged": 5, "finished_before": "2999-01-01T00:00:00.000Z"}
     remaining = json.loads(cli("runs", "list", "--json").stdout)
     assert [r["checkpoint_id"] for r in remaining["runs"]] == ["open"]
+
+
+def test_a_run_whose_code_diverged_is_listed_and_woken_once_fixed(cli: Cli) -> None:
+    """Changed code parks a run as diverged (listed so), and after the fix `wake` makes it due now, not a minute later."""
+    ring = key_file(cli.tmp, "ring.json", [{"key_id": "alice-1", "sender": "alice", "secret": b"a" * 32}])
+    assert cli("enqueue", "gated", "1", "--input", '{"n": 1}', "--checkpoint-id", "g1").returncode == 0
+    run_worker_until(cli, "g1", RunStatus.WAITING)
+    assert cli("signal", "g1", "approval", "--signal-id", "s1", "--as", "alice", "--key-file", ring, "--keys", ring,
+               "--reason", "ok").returncode == 0
+    run_worker_until(cli, "g1", RunStatus.DIVERGED, "--app", "tests.cli.app:changed")
+    listed = json.loads(cli("runs", "list", "--status", "diverged", "--json").stdout)
+    assert [r["checkpoint_id"] for r in listed["runs"]] == ["g1"] and "diverges" in listed["runs"][0]["reason"]
+    diverged_until = listed["runs"][0]["due_at"]
+    woken = cli("wake", "g1", "--json")
+    assert woken.returncode == 0 and json.loads(woken.stdout)["due_at"] < diverged_until - 30
+    worker = run_worker_until(cli, "g1", RunStatus.COMPLETED, timeout=20)  # the original code: compatible again
+    assert worker.returncode == 0

@@ -49,16 +49,25 @@ def test_dsl_does_not_depend_on_workers_or_stores() -> None:
 def test_public_api_is_pinned() -> None:
     """runifold.__all__ is exactly the documented public API."""
     assert sorted(runifold.__all__) == sorted([
-        "Authenticator", "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "Completed",
+        "Authenticator", "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "Client", "Completed",
         "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
         "EnqueueConflictError", "Evidence", "Failed", "HmacKeyRing", "Idle", "InvalidInputError", "InvalidStateError",
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
-        "RegistrationError", "ReplayReport", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailure", "RunInfo",
+        "RegistrationError", "ReplayReport", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailedError", "RunFailure", "RunHandle", "RunInfo",
         "RunNotFoundError", "RunStatus", "RunifoldError", "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalLimits", "SignalRejectedError",
         "StepFailedError", "StoreError", "StoreUnavailableError", "Supervisor", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
-        "WorkflowWorker", "cancel_run", "check_compatibility", "effect", "open_store", "replay_run", "resolve_effect", "retry_run", "sign", "step", "workflow",
+        "WorkflowWorker", "cancel_run", "check_compatibility", "connect", "effect", "open_store", "replay_run", "resolve_effect", "retry_run", "sign", "step", "workflow",
     ])
     for name in runifold.__all__:
         assert hasattr(runifold, name), name
+
+
+def test_the_testing_kit_needs_no_pytest() -> None:
+    """runifold.testing (WorkflowEnvironment, FakeClock) imports without pytest; only the conformance suite needs it."""
+    import subprocess
+    import sys
+
+    code = "import sys, runifold.testing; assert 'pytest' not in sys.modules; runifold.testing.WorkflowEnvironment"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0

@@ -1,0 +1,169 @@
+"""A test bench for workflows: the memory store, a clock that skips ahead, a worker, and replay checks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, final
+
+from runifold.client import Client, RunHandle
+from runifold.dsl import WorkflowDefinition
+from runifold.history import Entry, decode_event, fold
+from runifold.signals import SignalEnvelope, SignalGateway
+from runifold.stores import RunInfo, RunStatus, SignalReceipt
+from runifold.stores.memory import MemoryWorkflowStore
+from runifold.testing._clock import FakeClock
+from runifold.worker import Idle, LeaseDuration, Outcome, WorkerId, WorkflowRegistry, WorkflowWorker
+from runifold.worker._debug import replay
+
+_MAX_ROUNDS = 100_000
+_UNFINISHED = (RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED)
+
+
+class _Trusted:
+    """An authenticator that believes every sender: tests need no keys."""
+
+    def verify(self, envelope: SignalEnvelope, now: float) -> None:
+        return None
+
+
+@final
+class WorkflowEnvironment:
+    """Runs workflows in this process, on the memory store, with time you control.
+
+    Timers and retry backoffs of any length take no time: :meth:`result` and
+    :meth:`skip_time` move the store's clock straight to the next one that is
+    due. Everything else is the real engine: the same worker, the same replay,
+    the same checks.
+
+    Args:
+        registry: the definitions to run (a :class:`WorkflowRegistry`, or definitions).
+        start: the clock's first reading (default: now), an aware datetime.
+
+    Use it as an async context manager::
+
+        async with WorkflowEnvironment(registry) as env:
+            run = await env.start(order_intake, {"order_id": "o1"})
+            assert await env.result(run) == {...}
+    """
+
+    def __init__(self, registry: WorkflowRegistry | WorkflowDefinition, *more: WorkflowDefinition,
+                 start: datetime | None = None) -> None:
+        if isinstance(registry, WorkflowDefinition):
+            registry = WorkflowRegistry(registry, *more)
+        self.registry = registry
+        self.clock = FakeClock(None if start is None else start.timestamp())
+        self.store = MemoryWorkflowStore(self.clock)
+        self.client = Client(self.store, registry)
+        self.worker = WorkflowWorker(self.store, registry, WorkerId.parse("test-worker"),
+                                     LeaseDuration(timedelta(hours=1)), timedelta(minutes=20))
+        #: every outcome the worker reported, in order
+        self.outcomes: list[Outcome] = []
+
+    async def __aenter__(self) -> WorkflowEnvironment:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.store.close()
+
+    # -- starting and driving runs ------------------------------------------------------------
+
+    async def start(self, workflow: Callable[..., Any] | WorkflowDefinition | str, input: Mapping[str, Any] | None = None,
+                    *, version: int | None = None, checkpoint_id: str | None = None) -> RunHandle:
+        """Start a run, as :meth:`runifold.Client.start` does (its input is checked against the workflow)."""
+        return await self.client.start(workflow, input, version=version, checkpoint_id=checkpoint_id)
+
+    async def run_once(self) -> Outcome:
+        """Let the worker claim and drive at most one due run."""
+        outcome = await self.worker.run_once()
+        self.outcomes.append(outcome)
+        return outcome
+
+    async def run_until_idle(self) -> list[Outcome]:
+        """Drive every due run until none is due (no time passes); return the outcomes."""
+        outcomes: list[Outcome] = []
+        while not isinstance(outcome := await self.run_once(), Idle):
+            outcomes.append(outcome)
+        return outcomes
+
+    async def skip_time(self, by: timedelta | None = None) -> bool:
+        """Move the clock ``by`` ahead, or (by default) to the next due timer or retry; False if none is pending."""
+        if by is not None:
+            self.clock.advance(by)
+            return True
+        due = [r.due_at for r in await self._unfinished() if r.due_at is not None]
+        if not due:
+            return False
+        self.clock.advance(max(0.0, min(due) - self.clock()))
+        return True
+
+    async def run_until_suspended(self, run: RunHandle | str) -> RunInfo:
+        """Drive runs, skipping timers, until ``run`` waits for a signal, is parked or diverged, or has finished."""
+        for _ in range(_MAX_ROUNDS):
+            await self.run_until_idle()
+            info = await self.store.get_run(_id(run))
+            if info.status not in (RunStatus.READY, RunStatus.WAITING) or await self._waits_for_signal(info):
+                return info
+            if not await self.skip_time():
+                return info
+        raise AssertionError(f"run {_id(run)} did not settle after {_MAX_ROUNDS:,} rounds: does it loop forever?")
+
+    async def result(self, run: RunHandle | str) -> Any:
+        """Drive runs, skipping time (signal deadlines too), until ``run`` finishes; return its output.
+
+        Raises:
+            RunFailedError: the run failed or was cancelled.
+            AssertionError: the run waits for something that never comes in this environment
+                (a signal nobody sent, an operator's resolution) or diverged, saying which.
+        """
+        for _ in range(_MAX_ROUNDS):
+            await self.run_until_idle()
+            info = await self.store.get_run(_id(run))
+            if info.status.finished:
+                handle = run if isinstance(run, RunHandle) else await self.client.get_handle(run)
+                return await handle.result()
+            if info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or not await self.skip_time():
+                raise AssertionError(
+                    f"run {info.run_id} is {info.status} and nothing in this environment will change that "
+                    f"({info.reason}): send its signal with env.signal(...), or resolve its effect, first"
+                )
+        raise AssertionError(f"run {_id(run)} did not finish after {_MAX_ROUNDS:,} rounds: does it loop forever?")
+
+    # -- signals --------------------------------------------------------------------------------
+
+    async def signal(self, run: RunHandle | str, name: str, payload: Any = None, *, sender: str = "test",
+                     reason: str = "test", signal_id: str | None = None) -> SignalReceipt:
+        """Send a signal without keys; the definition must still declare ``name`` and allow ``sender``."""
+        envelope = SignalEnvelope(target=_id(run), name=name, payload=payload, sender=sender, reason=reason,
+                                  signal_id=signal_id or f"{name}-{time.monotonic_ns()}", key_id="test",
+                                  timestamp=self.clock())
+        return await SignalGateway(self.store, self.registry, _Trusted()).send(envelope)
+
+    # -- checks -------------------------------------------------------------------------------------
+
+    async def assert_replays(self) -> None:
+        """Replay every finished run against its code; raise AssertionError naming each that diverges."""
+        problems = []
+        for status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            for info in await self.store.list_runs(status=status, limit=1_000_000):
+                definition = self.registry.get(info.name, info.version)
+                if definition is None:
+                    continue
+                history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]
+                report = await replay(definition, info.run_id, history)
+                if report.divergence is not None:
+                    problems.append(f"{info.checkpoint_id or info.run_id}: {report.divergence}")
+        if problems:
+            raise AssertionError("runs that do not replay against their code:\n" + "\n".join(problems))
+
+    async def _unfinished(self) -> list[RunInfo]:
+        return [r for s in _UNFINISHED for r in await self.store.list_runs(status=s, limit=1_000_000)]
+
+    async def _waits_for_signal(self, info: RunInfo) -> bool:
+        history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]
+        return any(wait.kind == "signal" for wait in fold(history).waits)
+
+
+def _id(run: RunHandle | str) -> str:
+    return run.run_id if isinstance(run, RunHandle) else run

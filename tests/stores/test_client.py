@@ -1,0 +1,87 @@
+"""The client on every store: start a run idempotently, await its typed result or its failure, cancel it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from runifold import (
+    Client,
+    EnqueueConflictError,
+    InvalidInputError,
+    RunFailedError,
+    RunStatus,
+    Supervisor,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    step,
+    workflow,
+)
+from tests.support import worker
+
+
+@step()
+async def stamp(n: int) -> dt.datetime:
+    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + timedelta(days=n)
+
+
+@workflow("stamping")
+async def stamping(ctx: WorkflowContext, n: int) -> dt.datetime:
+    if n < 0:
+        raise ValueError("n must not be negative")
+    return await stamp(n)
+
+
+@workflow("parked-forever")
+async def parked_forever(ctx: WorkflowContext) -> None:
+    await ctx.wait_signal("never")
+
+
+registry = WorkflowRegistry(WorkflowDefinition(stamping), WorkflowDefinition(parked_forever, signals={"never": {"*"}}))
+
+
+async def test_start_and_await_a_typed_result(store: Any) -> None:
+    """start() is idempotent by checkpoint id; result() waits for a worker and returns the output with its type."""
+    client = Client(store)
+    handle = await client.start(stamping, {"n": 3}, checkpoint_id="s1")
+    again = await client.start(stamping, {"n": 3}, checkpoint_id="s1")
+    assert again.run_id == handle.run_id
+    with pytest.raises(EnqueueConflictError):
+        await client.start(stamping, {"n": 4}, checkpoint_id="s1")
+    with pytest.raises(InvalidInputError, match="parameter 'n'"):
+        await client.start(stamping, {"n": "three"})
+    supervisor = Supervisor(worker(store, *[registry.definition_for(n, v) for n, v in registry.versions()]), 2,
+                            idle_wait=timedelta(seconds=0.05))
+    running = asyncio.create_task(supervisor.run(handle_signals=False))
+    try:
+        assert await handle.result(timeout=30) == dt.datetime(2026, 1, 4, tzinfo=dt.UTC)
+        by_name = await Client(store, registry).get_handle("s1")
+        assert isinstance(await by_name.result(), dt.datetime)  # the registry gives a run found by name its type
+        assert await (await Client(store).get_handle("s1")).result() == "2026-01-04T00:00:00Z"  # no code: plain JSON
+        failing = await client.start("stamping", {"n": -1}, version=1)
+        with pytest.raises(RunFailedError) as failed:
+            await failing.result(timeout=30)
+        assert failed.value.status == RunStatus.FAILED and failed.value.error_type == "ValueError"
+        assert "n must not be negative" in failed.value.reason and "Traceback" in failed.value.traceback
+    finally:
+        supervisor.stop()
+        await running
+
+
+async def test_result_times_out_and_cancel_ends_the_run(store: Any) -> None:
+    """result(timeout=) gives up without touching the run; cancel() ends it, and result() then raises."""
+    client = Client(store, registry)
+    handle = await client.start(parked_forever)
+    with pytest.raises(TimeoutError):
+        await handle.result(timeout=0.2)
+    assert (await handle.status()).status is RunStatus.READY
+    await handle.cancel(by="test", reason="not needed")
+    await handle.cancel(by="test", reason="twice is fine")
+    with pytest.raises(RunFailedError) as cancelled:
+        await handle.result(timeout=5)
+    assert cancelled.value.status == RunStatus.CANCELLED and "not needed" in cancelled.value.reason

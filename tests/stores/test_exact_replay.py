@@ -1,0 +1,449 @@
+"""Exact replay, finding by finding (issue 18), on every store.
+
+The corpus (tests/corpus) runs these shapes under suspension, interruption and SIGKILL; the tests here
+pin each finding down with its own assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from runifold import (
+    Budget,
+    Completed,
+    Failed,
+    Retried,
+    RetryPolicy,
+    RunStatus,
+    StepFailedError,
+    StoreError,
+    Supervisor,
+    Suspended,
+    WaitTimeoutError,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    step,
+    workflow,
+)
+from runifold.history import SignalReceived, StepFailed
+from runifold.worker import check_compatibility
+from tests.corpus.check import replay_problems
+from tests.support import entries, event_types, keys, send_signal, worker
+
+calls: Counter[str] = Counter()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+
+
+@step()
+async def count(name: str) -> int:
+    calls[name] += 1
+    return calls[name]
+
+
+# -- 1. values buffered by one branch while another commits are never dropped ------------------------
+
+
+@workflow("uuid-gather")
+async def uuid_gather(ctx: WorkflowContext, n: int) -> list[Any]:
+    async def drawing() -> list[str]:
+        await count(f"{n}-a1")
+        token = str(ctx.uuid())  # recorded while the other branch commits
+        await count(f"{n}-a2")
+        return [token, str(ctx.uuid())]
+
+    async def committing() -> int:
+        return await count(f"{n}-b1") + await count(f"{n}-b2")
+
+    return list(await asyncio.gather(drawing(), committing()))
+
+
+async def test_sixty_concurrent_runs_with_uuids_in_gather_all_replay(open_store: Any) -> None:
+    """60 runs of a gather whose branches draw ctx.uuid() while siblings commit, under two supervisors of 8: all replay."""
+    stores = [await open_store(), await open_store()]
+    for i in range(60):
+        await stores[0].enqueue(WorkflowTask("uuid-gather", 1, {"n": i}, checkpoint_id=f"u{i}"))
+    supervisors = [Supervisor(worker(s, WorkflowDefinition(uuid_gather), worker_id=f"w{j}"), 8,
+                              idle_wait=timedelta(seconds=0.05)) for j, s in enumerate(stores)]
+    running = [asyncio.create_task(s.run(handle_signals=False)) for s in supervisors]
+    try:
+        async with asyncio.timeout(60):
+            while len(await stores[0].list_runs(status=RunStatus.COMPLETED, limit=100)) < 60:
+                await asyncio.sleep(0.05)
+    finally:
+        for s in supervisors:
+            s.stop()
+        await asyncio.gather(*running)
+    registry = WorkflowRegistry(WorkflowDefinition(uuid_gather))
+    problems = []
+    for i in range(60):
+        problems += await replay_problems(stores[0], registry, f"u{i}", compare_live=False)
+        assert len(await keys(stores[0], f"u{i}", "value_recorded")) == 2
+    assert not problems, "\n".join(problems)
+
+
+# -- 2. a suspension runs no code live: finally blocks and async-with exits -------------------------
+
+
+@workflow("cleanup")
+async def cleanup(ctx: WorkflowContext) -> str:
+    try:
+        await ctx.wait_signal("go")
+    finally:
+        await count("cleanup")
+    return "done"
+
+
+async def test_a_finally_block_does_not_run_its_step_when_the_run_suspends(store: Any) -> None:
+    """A step in a finally block around a wait runs once, when the wait really ends: not at the suspension."""
+    definition = WorkflowDefinition(cleanup, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("cleanup", 1, {}, checkpoint_id="c1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    assert calls["cleanup"] == 0 and await event_types(store, "c1") == ["run_started", "signal_wait_started"]
+    await send_signal(store, "c1", "go", "s1")
+    assert isinstance(await worker(store, definition).run_once(), Completed)
+    assert calls["cleanup"] == 1
+
+
+# -- 3. return_exceptions=True sees only the workflow's own exceptions ------------------------------
+
+
+@step(retry=RetryPolicy(max_attempts=1))
+async def refuses() -> int:
+    raise ValueError("no")
+
+
+@workflow("gathering-exceptions")
+async def gathering_exceptions(ctx: WorkflowContext) -> list[str]:
+    async def waits() -> str:
+        return str(await ctx.wait_signal("go"))
+
+    results = await asyncio.gather(refuses(), waits(), count("sibling"), return_exceptions=True)
+    after = await count("after")
+    return [type(r).__name__ if isinstance(r, BaseException) else str(r) for r in results] + [str(after)]
+
+
+async def test_gather_with_return_exceptions_never_sees_a_suspension(store: Any) -> None:
+    """A branch that waits suspends the run without handing anything to gather; the results are the real ones."""
+    definition = WorkflowDefinition(gathering_exceptions, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("gathering-exceptions", 1, {}, checkpoint_id="g1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    assert calls["after"] == 0
+    await send_signal(store, "g1", "go", "s1", {"ok": 1})
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ["StepFailedError", "{'ok': 1}", "1", "1"]
+
+
+# -- 4. siblings awaiting real time never make unchanged code diverge --------------------------------
+
+
+@workflow("real-time")
+async def real_time(ctx: WorkflowContext) -> list[int]:
+    gate = asyncio.Event()
+
+    async def a() -> int:
+        first = await count("a1")
+        await asyncio.to_thread(lambda: None)
+        gate.set()
+        return first + await count("a2")
+
+    async def b() -> int:
+        first = await count("b1")
+        await asyncio.sleep(0.02)
+        await gate.wait()
+        return first + await count("b2")
+
+    results = list(await asyncio.gather(a(), b()))
+    await ctx.wait_signal("go")
+    return results
+
+
+async def test_siblings_awaiting_real_time_replay_without_divergence(store: Any) -> None:
+    """Branches that await to_thread, asyncio.sleep or an Event between recorded calls replay cleanly, every time."""
+    definition = WorkflowDefinition(real_time, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("real-time", 1, {}, checkpoint_id="r1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await send_signal(store, "r1", "go", "s1")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == [2, 2]
+    for _ in range(5):
+        assert not await replay_problems(store, WorkflowRegistry(definition), "r1", done.output)
+
+
+# -- 5. live values equal replayed values; what cannot round-trip is refused at the call -------------
+
+
+@step()
+async def unannotated_time():  # type: ignore[no-untyped-def]
+    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@step()
+async def not_a_number() -> float:
+    return float("nan")
+
+
+@step()
+async def annotated_time() -> dt.datetime:
+    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+@workflow("odd-values")
+async def odd_values(ctx: WorkflowContext, which: str) -> str:
+    fn = {"unannotated": unannotated_time, "nan": not_a_number, "annotated": annotated_time}[which]
+    try:
+        value = await fn()
+    except StepFailedError as exc:
+        return f"refused: {exc.error_type}: {exc.error}"
+    await ctx.wait_signal("go")
+    return type(value).__name__
+
+
+@pytest.mark.parametrize(("which", "expected"), [
+    ("unannotated", "refused: runifold.errors.SerializationError"),
+    ("nan", "refused: runifold.errors.SerializationError"),
+    ("annotated", "datetime"),
+])
+async def test_a_value_that_cannot_round_trip_is_refused_at_the_call(store: Any, which: str, expected: str) -> None:
+    """A step output that would come back different is refused (the step fails for good, naming why); others keep their type."""
+    definition = WorkflowDefinition(odd_values, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("odd-values", 1, {"which": which}, checkpoint_id="v1"))
+    first = await worker(store, definition).run_once()
+    if isinstance(first, Suspended):
+        await send_signal(store, "v1", "go", "s1")
+        first = await worker(store, definition).run_once()  # a replay: the recorded datetime comes back a datetime
+    assert isinstance(first, Completed) and first.output.startswith(expected)
+    if which == "unannotated":
+        assert "annotate the return type" in first.output
+    if which == "nan":
+        assert "NaN" in first.output
+
+
+def test_nan_in_a_task_input_is_refused() -> None:
+    """NaN or an infinity in an enqueued input is refused, never stored as null."""
+    with pytest.raises(Exception, match="NaN or an infinity"):
+        WorkflowTask("odd-values", 1, {"which": float("inf")})
+
+
+# -- 6. a retry waits for its own backoff, whatever a sibling's timer says ---------------------------
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=timedelta(seconds=30), jitter=0))
+async def slow_retry() -> str:
+    calls["slow_retry"] += 1
+    if calls["slow_retry"] == 1:
+        raise RuntimeError("first attempt fails")
+    return "ok"
+
+
+@workflow("retry-beside-timer")
+async def retry_beside_timer(ctx: WorkflowContext) -> list[Any]:
+    async def ticks() -> int:
+        await ctx.sleep(timedelta(milliseconds=100))
+        return await count("ticked")
+
+    return list(await asyncio.gather(slow_retry(), ticks()))
+
+
+async def test_a_retry_backoff_is_honoured_when_a_sibling_timer_wakes_the_run(store: Any) -> None:
+    """The sibling's timer wakes the run early; the failed step still waits for its own 30 s backoff."""
+    definition = WorkflowDefinition(retry_beside_timer)
+    await store.enqueue(WorkflowTask("retry-beside-timer", 1, {}, checkpoint_id="t1"))
+    first = await worker(store, definition).run_once()
+    assert isinstance(first, Suspended) and first.until is not None
+    retry_at = [e.event for e in await entries(store, "t1") if isinstance(e.event, StepFailed)][0].retry_at
+    assert retry_at is not None and retry_at - first.until > 25
+    await asyncio.sleep(0.15)
+    second = await worker(store, definition).run_once()
+    assert isinstance(second, Retried) and second.retry_at == pytest.approx(retry_at)
+    assert calls["slow_retry"] == 1 and calls["ticked"] == 1
+
+
+# -- 7. a signal that arrived after the deadline is not delivered as on time ------------------------
+
+
+@workflow("deadline")
+async def deadline(ctx: WorkflowContext) -> str:
+    try:
+        return str(await ctx.wait_signal("go", timeout=timedelta(milliseconds=200)))
+    except WaitTimeoutError:
+        return "timed out"
+
+
+@pytest.mark.parametrize("late", [True, False], ids=["signal-after-deadline", "signal-before-deadline"])
+async def test_a_wait_judges_a_signal_by_when_it_arrived_not_by_when_the_worker_looks(store: Any, late: bool) -> None:
+    """The worker runs after the deadline either way: a signal that arrived late times out, one on time is received."""
+    definition = WorkflowDefinition(deadline, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("deadline", 1, {}, checkpoint_id="d1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    if late:
+        await asyncio.sleep(0.3)
+        await send_signal(store, "d1", "go", "s1", "hello")
+    else:
+        await send_signal(store, "d1", "go", "s1", "hello")
+        await asyncio.sleep(0.3)
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ("timed out" if late else "hello")
+    received = [e for e in await entries(store, "d1") if isinstance(e.event, SignalReceived)]
+    assert len(received) == (0 if late else 1)
+
+
+# -- 8. a sibling's finished step is committed, never thrown away, when another branch waits ---------
+
+
+@step()
+async def takes_a_while() -> str:
+    calls["while"] += 1
+    await asyncio.sleep(0.2)
+    return "finished"
+
+
+@workflow("slow-sibling")
+async def slow_sibling(ctx: WorkflowContext) -> list[Any]:
+    return list(await asyncio.gather(takes_a_while(), ctx.wait_signal("go")))
+
+
+async def test_a_finished_sibling_step_is_committed_before_the_run_suspends(store: Any) -> None:
+    """One branch waits for a signal while another's step is in flight: the step finishes and is recorded, once."""
+    definition = WorkflowDefinition(slow_sibling, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("slow-sibling", 1, {}, checkpoint_id="s1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    assert await keys(store, "s1", "step_completed") == ["1/takes_a_while#1"]
+    await send_signal(store, "s1", "go", "g1", 7)
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ["finished", 7] and calls["while"] == 1
+
+
+# -- 9. CancelledError raised by a step body is a failure like any other -----------------------------
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=timedelta(0)))
+async def cancels_once() -> str:
+    calls["cancels"] += 1
+    if calls["cancels"] == 1:
+        raise asyncio.CancelledError("a library cancelled itself")
+    return "second attempt"
+
+
+@workflow("cancelling-body")
+async def cancelling_body(ctx: WorkflowContext) -> str:
+    return await cancels_once()
+
+
+async def test_a_body_raising_cancelled_error_is_retried(store: Any) -> None:
+    """A step body that raises CancelledError (nobody cancelled it) follows its retry policy; the run completes."""
+    await store.enqueue(WorkflowTask("cancelling-body", 1, {}, checkpoint_id="x1"))
+    done = await worker(store, WorkflowDefinition(cancelling_body)).run_once()
+    assert isinstance(done, Completed) and done.output == "second attempt"
+    failed = [e.event for e in await entries(store, "x1") if isinstance(e.event, StepFailed)]
+    assert [f.error_type for f in failed] == ["asyncio.exceptions.CancelledError"]
+
+
+# -- 10. lease renewal is anchored to the claim -------------------------------------------------------
+
+
+@step()
+async def outlasts_the_lease() -> str:
+    await asyncio.sleep(1.3)
+    return "done"
+
+
+@workflow("long-step")
+async def long_step(ctx: WorkflowContext) -> str:
+    return await outlasts_the_lease()
+
+
+async def test_a_claim_that_waited_is_renewed_on_time(store: Any) -> None:
+    """A claim driven 0.8 s into a 1 s lease renews at once (the lease is anchored to the claim) and completes."""
+    await store.enqueue(WorkflowTask("long-step", 1, {}, checkpoint_id="l1"))
+    w = worker(store, WorkflowDefinition(long_step), lease=1.0)
+    claim = await w._claim()
+    assert claim is not None
+    await asyncio.sleep(0.8)
+    done = await w._drive(claim)
+    assert isinstance(done, Completed), done
+
+
+# -- 11. store errors never reach workflow code --------------------------------------------------------
+
+
+class FailingCommits:
+    """A real store whose next ``failures`` commits raise a non-transient StoreError (a full disk, a data error)."""
+
+    def __init__(self, store: Any, failures: int) -> None:
+        self._store = store
+        self.failures = failures
+
+    async def commit(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("SQLite error SQLITE_FULL: database or disk is full")
+        return await self._store.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+@workflow("guarded")
+async def guarded(ctx: WorkflowContext) -> str:
+    try:
+        return f"step {await count('guarded')}"
+    except Exception as exc:  # a workflow's catch-all must never see the store's troubles
+        return f"fallback after {type(exc).__name__}"
+
+
+async def test_a_store_error_on_commit_is_not_raised_into_the_workflow(store: Any) -> None:
+    """The commit fails: nothing is recorded, the worker gets the StoreError, and the next attempt completes."""
+    failing = FailingCommits(store, failures=1)
+    await store.enqueue(WorkflowTask("guarded", 1, {}, checkpoint_id="f1"))
+    with pytest.raises(StoreError):
+        await worker(failing, WorkflowDefinition(guarded)).run_once()
+    assert await event_types(store, "f1") == ["run_started"]
+    done = await worker(failing, WorkflowDefinition(guarded)).run_once()
+    assert isinstance(done, Completed) and done.output == "step 2"  # the step ran again: its result was never recorded
+
+
+# -- 12. budgets count what ran ----------------------------------------------------------------------
+
+
+@workflow("charges-in-branches")
+async def charges_in_branches(ctx: WorkflowContext) -> int:
+    async def charged() -> int:
+        ctx.charge(6)
+        return await count("charged")
+
+    return sum(await asyncio.gather(charged(), charged()))
+
+
+async def test_charges_in_concurrent_branches_are_all_counted(store: Any) -> None:
+    """Two branches charge while steps commit: both charges are recorded and the second exceeds the budget."""
+    definition = WorkflowDefinition(charges_in_branches, Budget(max_cost_units=10))
+    await store.enqueue(WorkflowTask("charges-in-branches", 1, {}, checkpoint_id="b1"))
+    failed = await worker(store, definition).run_once()
+    assert isinstance(failed, Failed) and failed.run_failed and "cost units" in failed.reason
+    assert calls["charged"] <= 1
+
+
+# -- 13. a deploy check names runs whose definition the new code lacks ----------------------------------
+
+
+async def test_replay_all_reports_runs_of_unregistered_workflows(store: Any) -> None:
+    """The compatibility check covers every unfinished run, and reports those no registered definition can continue."""
+    await store.enqueue(WorkflowTask("retired-workflow", 3, {}, checkpoint_id="old1"))
+    await store.enqueue(WorkflowTask("deadline", 1, {}, checkpoint_id="d1"))
+    reports = await check_compatibility(store, WorkflowRegistry(WorkflowDefinition(deadline, signals={"go": {"*"}})))
+    by_run = {r.run_id: r for r in reports}
+    old = by_run[(await store.get_run("old1")).run_id]
+    assert not old.clean and old.divergence is not None and "retired-workflow v3" in str(old.divergence)
+    assert by_run[(await store.get_run("d1")).run_id].clean
