@@ -124,7 +124,7 @@ async def _sequential_run(kind: str, folder: Path, n: int, durable: bool = True)
     rate = n / wall
     result = f"{rate:,.0f} steps/s, {cpu / n * 1000:.3f} ms CPU/step"
     if kind == "sqlite":
-        result += f" (event-loop thread {on_loop / n * 1000:.3f}, the store's threads {(cpu - on_loop) / n * 1000:.3f})"
+        result += f" (event-loop thread {on_loop / n * 1000:.3f}, the store's threads {max(0.0, cpu - on_loop) / n * 1000:.3f})"
     if not durable:
         return rate / limits.one, (f"sequential, synchronous=NORMAL (not the durable default): 1 run of {n} steps",
                                    result, f"{rate / limits.one:.0%} of in-thread sqlite3 with synchronous=FULL "

@@ -348,8 +348,11 @@ class PostgresWorkflowStore:
 
     async def _send_commits(self, asks: list[_CommitAsk]) -> list[CommitResult | str | BaseException]:
         """One call of ``runifold_commit`` for the batch; each commit is fenced on its own."""
+        # invariant: a batch goes in run_id order, so its rows are locked in that order and
+        # concurrent batches never deadlock
+        order = sorted(range(len(asks)), key=lambda i: asks[i].lease.run_id) if len(asks) > 1 else [0]
         try:
-            rows = await self._call(lambda conn: conn.fetch(Q["commit"], *_commit_arrays(asks)))
+            rows = await self._call(lambda conn: conn.fetch(Q["commit"], *_commit_arrays([asks[i] for i in order])))
         except StoreUnavailableError:
             raise
         except StoreError:
@@ -357,9 +360,10 @@ class PostgresWorkflowStore:
                 raise
             # a commit the database refuses fails alone: the others are sent again one by one
             return [await _answer(self._send_commits([ask])) for ask in asks]
-        if len(rows) > 1:
-            rows = sorted(rows, key=lambda r: r["item"])
-        return [CommitResult(r["new_revision"], r["at"]) if r["ok"] else r["detail"] for r in rows]
+        answers: list[CommitResult | str | BaseException] = [""] * len(asks)
+        for row in rows:
+            answers[order[row["item"]]] = CommitResult(row["new_revision"], row["at"]) if row["ok"] else row["detail"]
+        return answers
 
     async def release(self, lease: Lease) -> None:
         # best effort, bounded by RELEASE_SECONDS: a worker releases its leases as it stops, and its

@@ -6,7 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
-from runifold import WorkflowContext, WorkflowDefinition, WorkflowRegistry, step, workflow
+from runifold import Budget, WorkflowContext, WorkflowDefinition, WorkflowRegistry, step, workflow
 
 
 def record(name: str) -> None:
@@ -46,4 +46,21 @@ async def crashy(ctx: WorkflowContext, order_id: str) -> str:
     return await finish(order_id)
 
 
-registry = WorkflowRegistry(WorkflowDefinition(crashy))
+@workflow("crash-loop")
+async def crash_loop(ctx: WorkflowContext, order_id: str) -> str:
+    """Its only step hangs until the test kills the worker: a step that takes its worker down every time."""
+    await slow(order_id)
+    return await finish(order_id)
+
+
+@workflow("crash-loop-recoveries")
+async def crash_loop_recoveries(ctx: WorkflowContext, order_id: str) -> str:
+    await slow(order_id)
+    return await finish(order_id)
+
+
+registry = WorkflowRegistry(
+    WorkflowDefinition(crashy),
+    WorkflowDefinition(crash_loop, Budget(max_steps=1)),
+    WorkflowDefinition(crash_loop_recoveries, Budget(max_steps=None, max_recoveries=2)),
+)

@@ -63,3 +63,45 @@ async def test_frozen_worker_is_fenced_after_takeover(crash_env: CrashEnv) -> No
         assert crash_env.counts()["finish"] == 1
     finally:
         await store.close()
+
+
+async def _kill_in_flight(crash_env: CrashEnv, times: int) -> None:
+    for i in range(times):
+        (crash_env.tmp / "inflight").unlink(missing_ok=True)
+        worker = crash_env.spawn(f"worker-{i}", LEASE)
+        crash_env.wait_for("inflight")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+
+
+async def test_a_step_that_kills_its_worker_exhausts_the_step_budget(crash_env: CrashEnv) -> None:
+    """Each recovery counts as a step execution: with max_steps=1, the first recovery fails the run, not a loop."""
+    store = await open_store(crash_env.url)
+    try:
+        await store.enqueue(WorkflowTask("crash-loop", 1, {"order_id": "o1"}, checkpoint_id="o1"))
+        (crash_env.tmp / "block").touch()
+        await _kill_in_flight(crash_env, 1)
+        out, _ = crash_env.spawn("worker-last", LEASE).communicate(timeout=60)
+        assert out.strip().splitlines()[-1] == "Failed", out
+        info = await store.get_run("o1")
+        assert info.status == "failed" and info.recoveries == 1
+        assert "budget exceeded: steps would reach 2" in info.reason
+        assert crash_env.counts() == {"slow": 1}  # the step did not run again
+    finally:
+        await store.close()
+
+
+async def test_recoveries_of_one_run_are_capped(crash_env: CrashEnv) -> None:
+    """A run recovered more often than its budget's max_recoveries fails with that reason instead of running again."""
+    store = await open_store(crash_env.url)
+    try:
+        await store.enqueue(WorkflowTask("crash-loop-recoveries", 1, {"order_id": "o2"}, checkpoint_id="o2"))
+        (crash_env.tmp / "block").touch()
+        await _kill_in_flight(crash_env, 3)
+        out, _ = crash_env.spawn("worker-last", LEASE).communicate(timeout=60)
+        assert out.strip().splitlines()[-1] == "Failed", out
+        info = await store.get_run("o2")
+        assert info.recoveries == 3 and "recoveries would reach 3" in info.reason
+        assert crash_env.counts() == {"slow": 3}
+    finally:
+        await store.close()

@@ -172,6 +172,8 @@ $$;
 --                                (signal ids)
 -- One element per event, in order: p_types, p_keys, p_bodies.
 -- One row per commit, item = i - 1; detail says why a refused one was refused.
+-- invariant: the client sends a batch in run_id order, so the run rows are locked in that
+-- order and concurrent batches never deadlock.
 CREATE FUNCTION runifold_commit(
     p_run text[], p_token bigint[], p_expected bigint[], p_count integer[], p_change text[],
     p_types text[], p_keys text[], p_bodies text[]
@@ -180,12 +182,8 @@ LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
     v_now double precision := runifold_now();
-    v_n integer := cardinality(p_run);
-    v_first integer[] := array_fill(1, ARRAY[v_n]);
-    v_ok boolean[] := array_fill(false, ARRAY[v_n]);
-    v_revision bigint[] := array_fill(0::bigint, ARRAY[v_n]);
-    v_at double precision[] := array_fill(v_now, ARRAY[v_n]);
-    v_detail text[] := array_fill(''::text, ARRAY[v_n]);
+    v_first integer := 1;  -- commit i's events are p_types[v_first:v_last] (and keys, bodies)
+    v_last integer;
     v_run runifold_runs%ROWTYPE;
     v_change jsonb;
     v_status text;
@@ -195,16 +193,22 @@ DECLARE
     v_notify boolean := false;
     i integer;
 BEGIN
-    FOR i IN 2 .. v_n LOOP
-        v_first[i] := v_first[i - 1] + p_count[i - 1];
-    END LOOP;
-    -- invariant: run rows are locked in run_id order, so concurrent batches never deadlock
-    FOR i IN SELECT s FROM generate_subscripts(p_run, 1) AS s ORDER BY p_run[s] LOOP
+    FOR i IN 1 .. coalesce(cardinality(p_run), 0) LOOP
+        IF i > 1 THEN
+            v_first := v_first + p_count[i - 1];
+        END IF;
+        v_last := v_first + p_count[i] - 1;
+        item := i - 1;
+        at := v_now;
+        detail := '';
         v_change := p_change[i]::jsonb;
-        v_status := v_change->>'status';
-        v_due := (v_change->>'due')::double precision;
-        v_reason := v_change->>'reason';
-        v_waits := ARRAY(SELECT jsonb_array_elements_text(coalesce(v_change->'waits', '[]')));
+        v_status := NULL;
+        IF v_change IS NOT NULL THEN
+            v_status := v_change->>'status';
+            v_due := (v_change->>'due')::double precision;
+            v_reason := v_change->>'reason';
+            v_waits := ARRAY(SELECT jsonb_array_elements_text(coalesce(v_change->'waits', '[]')));
+        END IF;
         -- the fence: the UPDATE takes the run's row lock, so the checks below see every
         -- delivery committed before it, and later deliveries wait for this transaction
         IF v_status IS NULL THEN
@@ -219,31 +223,37 @@ BEGIN
         END IF;
         IF NOT FOUND THEN
             SELECT * INTO v_run FROM runifold_runs WHERE run_id = p_run[i];
-            v_revision[i] := coalesce(v_run.revision, 0);
-            IF FOUND AND v_run.lease_token = p_token[i] AND v_run.revision = p_expected[i] + p_count[i] AND (
+            new_revision := coalesce(v_run.revision, 0);
+            ok := FOUND AND v_run.lease_token = p_token[i] AND v_run.revision = p_expected[i] + p_count[i] AND (
                 (p_count[i] > 0 AND NOT EXISTS (
-                    SELECT 1 FROM generate_series(v_first[i], v_first[i] + p_count[i] - 1) AS x(n)
-                    LEFT JOIN runifold_events e ON e.run_id = p_run[i] AND e.seq = p_expected[i] + x.n - v_first[i] + 1
-                    WHERE e.body IS DISTINCT FROM p_bodies[x.n] OR e.type IS DISTINCT FROM p_types[x.n]
-                       OR e.key IS DISTINCT FROM p_keys[x.n]))
+                    SELECT 1 FROM unnest(p_types[v_first:v_last], p_keys[v_first:v_last], p_bodies[v_first:v_last])
+                        WITH ORDINALITY AS x(type, key, body, ord)
+                    LEFT JOIN runifold_events e ON e.run_id = p_run[i] AND e.seq = p_expected[i] + x.ord
+                    WHERE e.body IS DISTINCT FROM x.body OR e.type IS DISTINCT FROM x.type
+                       OR e.key IS DISTINCT FROM x.key))
                 OR (p_count[i] = 0 AND v_status IS NOT NULL AND v_run.status = v_status
-                    AND v_run.lease_until IS NULL AND v_run.wait_signals = v_waits AND v_run.reason = v_reason))
-            THEN
+                    AND v_run.lease_until IS NULL AND v_run.wait_signals = v_waits AND v_run.reason = v_reason));
+            IF ok THEN
                 -- a retry of this very commit, whose first attempt was written and its answer lost
-                v_ok[i] := NULL;  -- answered ok, writes nothing
-                v_at[i] := v_run.updated_at;
+                at := v_run.updated_at;
             ELSE
-                v_detail[i] := CASE
+                ok := false;
+                detail := CASE
                     WHEN v_run.run_id IS NULL THEN 'the run no longer exists'
                     WHEN v_run.status <> 'running' OR v_run.lease_token <> p_token[i] THEN 'fenced off by a newer lease'
                     WHEN v_run.lease_until <= v_now THEN 'the lease expired'
                     ELSE format('revision %s is not the expected %s', v_run.revision, p_expected[i]) END;
             END IF;
+            RETURN NEXT;
             CONTINUE;
         END IF;
-        v_ok[i] := true;
-        v_revision[i] := p_expected[i] + p_count[i];
-        IF v_change ? 'consumed' THEN
+        IF p_count[i] > 0 THEN
+            INSERT INTO runifold_events (run_id, seq, type, key, at, body)
+            SELECT p_run[i], p_expected[i] + x.ord, x.type, x.key, v_now, x.body
+            FROM unnest(p_types[v_first:v_last], p_keys[v_first:v_last], p_bodies[v_first:v_last])
+                WITH ORDINALITY AS x(type, key, body, ord);
+        END IF;
+        IF v_change IS NOT NULL AND v_change ? 'consumed' THEN
             UPDATE runifold_signals SET consumed = true
             WHERE run_id = p_run[i] AND signal_id IN (SELECT jsonb_array_elements_text(v_change->'consumed'));
         END IF;
@@ -257,17 +267,13 @@ BEGIN
             -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
             v_notify := true;
         END IF;
+        ok := true;
+        new_revision := p_expected[i] + p_count[i];
+        RETURN NEXT;
     END LOOP;
-    -- the events of every commit that passed its fence, in one statement
-    INSERT INTO runifold_events (run_id, seq, type, key, at, body)
-    SELECT p_run[c], p_expected[c] + n - v_first[c] + 1, p_types[n], p_keys[n], v_now, p_bodies[n]
-    FROM generate_subscripts(p_run, 1) AS c, generate_series(v_first[c], v_first[c] + p_count[c] - 1) AS n
-    WHERE v_ok[c];
     IF v_notify THEN
         PERFORM pg_notify('runifold_work', '');
     END IF;
-    RETURN QUERY SELECT (x.n - 1)::integer, x.ok IS DISTINCT FROM false, x.revision, x.at, x.detail
-        FROM unnest(v_ok, v_revision, v_at, v_detail) WITH ORDINALITY AS x(ok, revision, at, detail, n);
 END
 $$;
 
