@@ -127,9 +127,13 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     assert code == 0 and "runifold ui: stopped" in out, (code, out, err)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, with a fresh profile, driven by Playwright."""
+    """Debian's Chromium, headless, with a fresh profile, driven by Playwright.
+
+    Module-scoped: Playwright's sync API keeps an event loop running on this thread while it is open,
+    and the async tests of later modules need the thread without one.
+    """
     require_chromium()
     from playwright.sync_api import sync_playwright
 
