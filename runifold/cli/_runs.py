@@ -20,7 +20,7 @@ from runifold.cli._common import (
     table_lines,
     when,
 )
-from runifold.history import EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
+from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
 from runifold.stores import RunInfo, RunStatus
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
 
@@ -129,6 +129,19 @@ def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | Effec
     return last, calls[-1] if calls else None
 
 
+def show_json(info: RunInfo, entries: list[Entry], checkpoint: Checkpoint,
+              children: dict[str, RunInfo]) -> dict[str, Any]:
+    """A run as ``runs show --json`` prints it (the web view's JSON too): run, checkpoint, children, failure."""
+    failed, call = _failure(entries)
+    return {"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
+            "children": {key: msgspec.to_builtins(child) for key, child in children.items()},
+            "failure": None if failed is None else {
+                "reason": failed.reason, "key": failed.key, "error_type": failed.error_type,
+                "traceback": failed.traceback, "call": None if call is None else {
+                    "key": call.key, "error": call.error, "error_type": call.error_type,
+                    "attempt": call.attempt, "traceback": call.traceback}}}
+
+
 def _indented(text: str, indent: str) -> list[str]:
     return [indent + printable(line) for line in text.splitlines()]
 
@@ -142,13 +155,7 @@ async def runs_show(args: argparse.Namespace) -> int:
         budget = definition.budget if definition else None
     failed, call = _failure(entries)
     if args.json:
-        emit_json({"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
-                   "children": {key: msgspec.to_builtins(child) for key, child in children.items()},
-                   "failure": None if failed is None else {
-                       "reason": failed.reason, "key": failed.key, "error_type": failed.error_type,
-                       "traceback": failed.traceback, "call": None if call is None else {
-                           "key": call.key, "error": call.error, "error_type": call.error_type,
-                           "attempt": call.attempt, "traceback": call.traceback}}})
+        emit_json(show_json(info, entries, checkpoint, children))
         return 0
     out = [f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})",
            f"workflow    {info.name} v{info.version}",

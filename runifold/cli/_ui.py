@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit

@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._runs import _failure, _report_json, finished_at
+from runifold.cli._runs import _report_json, finished_at, show_json
 from runifold.errors import RunifoldError, RunNotFoundError
-from runifold.history import Checkpoint, Entry, decode_event, fold
+from runifold.history import Entry, decode_event, fold
 from runifold.stores import AuditRecord, RunInfo, RunStatus, StoredEvent, WorkflowStore
 from runifold.ui._timeline import effect_evidence, timeline
 from runifold.worker import WorkflowRegistry
@@ -28,8 +28,6 @@ MAX_PAGE = 1_000
 AUDIT_RUNS_PER_PAGE = 10_000
 #: audits read at once while scanning runs
 _AUDITS_AT_ONCE = 50
-#: the keys of ``run_started`` that may name a parent run (child workflows add one; older runs have none)
-PARENT_KEYS = ("parent_run_id", "parent")
 
 
 @dataclass(frozen=True)
@@ -86,34 +84,6 @@ def _entries(info: RunInfo, rows: list[StoredEvent]) -> list[Entry]:
     return [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
 
 
-def parent_of(rows: list[StoredEvent]) -> str | None:
-    """The parent run a ``run_started`` row names, if it names one (a run id, or an object with ``run_id``)."""
-    if not rows:
-        return None
-    try:
-        body = msgspec.json.decode(rows[0].body)
-    except msgspec.DecodeError:
-        return None
-    for key in PARENT_KEYS:
-        value = body.get(key) if isinstance(body, dict) else None
-        if isinstance(value, dict):
-            value = value.get("run_id")
-        if isinstance(value, str) and value:
-            return value
-    return None
-
-
-def show_json(info: RunInfo, entries: list[Entry], checkpoint: Checkpoint) -> dict[str, Any]:
-    """A run as ``runifold runs show --json`` prints it: ``run``, ``checkpoint``, ``failure``."""
-    failed, call = _failure(entries)
-    return {"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
-            "failure": None if failed is None else {
-                "reason": failed.reason, "key": failed.key, "error_type": failed.error_type,
-                "traceback": failed.traceback, "call": None if call is None else {
-                    "key": call.key, "error": call.error, "error_type": call.error_type,
-                    "attempt": call.attempt, "traceback": call.traceback}}}
-
-
 def budget_json(registry: WorkflowRegistry | None, info: RunInfo) -> dict[str, Any] | None:
     """The run's budget from the loaded ``--app`` (None without one, or when its version is not registered)."""
     definition = registry.get(info.name, info.version) if registry is not None else None
@@ -147,17 +117,18 @@ async def run_page(store: WorkflowStore, registry: WorkflowRegistry | None, ref:
 
     ``run``, ``checkpoint`` and ``failure`` as ``runs show --json``; added:
     ``budget``, ``effects`` (pending and ambiguous effects with their
-    evidence), ``parent`` (the parent's run id, when ``run_started`` names
-    one), ``timeline`` (the history with durations, retries and who acted
+    evidence), ``parent`` (the parent's run id, for a child run), ``children``
+    (as ``runs show --json``), ``timeline`` (the history with durations, retries and who acted
     and why), ``replay`` (the verdict against the loaded app) and ``now``.
     """
     info = await store.get_run(ref)
     rows = await store.history(info.run_id)
     entries = _entries(info, rows)
     checkpoint = fold(entries)
-    page = show_json(info, entries, checkpoint)
+    children = {key: await store.get_run(child) for key, child in checkpoint.children.items()}
+    page = show_json(info, entries, checkpoint, children)
     page.update(budget=budget_json(registry, info), effects=effect_evidence(entries, checkpoint.pending_effects),
-                parent=parent_of(rows), timeline=timeline(entries), now=await store.now())
+                parent=checkpoint.parent_run_id, timeline=timeline(entries), now=await store.now())
     if with_replay:
         page["replay"] = await replay_json(registry, info, entries)
     return page

@@ -10,6 +10,7 @@ import msgspec
 from runifold.cli._text import clip, iso
 from runifold.history import (
     AnyEvent,
+    ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
     EffectFailed,
@@ -85,6 +86,8 @@ def describe(event: AnyEvent) -> tuple[str, str, str]:
             return f"signal {name!r} ({signal_id}) received with {value(payload)}", sender, reason
         case SignalTimedOut(name=name):
             return f"wait for signal {name!r} timed out", "", ""
+        case ChildStarted(run_id=child, name=name, version=version):
+            return f"started child run {child} ({name} v{version})", "", ""
         case RunCompleted(output=output):
             return f"completed with {value(output)}", "", ""
         case RunFailed(reason=reason, error_type=error_type):

@@ -472,6 +472,9 @@ class Execution(LiveProgress):
                 self._divergence = self._stuck()
                 continue
             if self._live is None:
+                if loop.waiting_in_real_time and not root.done():
+                    await self._wait(None)  # workflow code is still on its way (asyncio.sleep, to_thread)
+                    continue
                 return None  # the debugger stops where the history ends
             self._collect_finished()
             if self._resolutions:

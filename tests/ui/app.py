@@ -113,7 +113,12 @@ async def evolving_today(ctx: WorkflowContext, n: int) -> int:
     return first
 
 
-COMMON = [WorkflowDefinition(steps), WorkflowDefinition(bulk), WorkflowDefinition(parsing),
+@workflow("family")
+async def family(ctx: WorkflowContext, n: int) -> int:
+    return await ctx.run_child(steps, {"n": n})
+
+
+COMMON = [WorkflowDefinition(steps), WorkflowDefinition(bulk), WorkflowDefinition(parsing), WorkflowDefinition(family),
           WorkflowDefinition(payment), WorkflowDefinition(approval, signals={"approval": {"alice"}})]
 registry = WorkflowRegistry(*COMMON, WorkflowDefinition(evolving_today))
 yesterday = WorkflowRegistry(*COMMON, WorkflowDefinition(evolving_v1))
@@ -164,10 +169,12 @@ async def fill(store: WorkflowStore, *, bulk_runs: int = BULK) -> Filled:
     await _enqueue(store, "parsing", "parse-failed", text="12 EUR")
     await _enqueue(store, "payment", "pay-parked", order_id="ord_7", amount=1250)
     await _enqueue(store, "evolving", "evolving-diverged", n=4)
+    await _enqueue(store, "family", "family-done", n=8)  # a parent with a child run
     await _enqueue(store, "steps", "order-cancelled", n=5)
     await cancel_run(store, "order-cancelled", by="ops-carol", reason="customer withdrew the order")
     await _until(store, _worker(store, yesterday), {
-        "order-done": RunStatus.COMPLETED, "approve-waiting": RunStatus.WAITING, filled.approved: RunStatus.WAITING,
+        "order-done": RunStatus.COMPLETED, "family-done": RunStatus.COMPLETED,
+        "approve-waiting": RunStatus.WAITING, filled.approved: RunStatus.WAITING,
         "parse-failed": RunStatus.FAILED, "pay-parked": RunStatus.PARKED, "evolving-diverged": RunStatus.WAITING})
 
     ring = HmacKeyRing()

@@ -35,8 +35,8 @@ def test_runs_list_shows_each_status(served: Served, page: Any) -> None:
     """The runs page counts runs per status, and each status's link lists exactly its runs, with ISO-8601 times."""
     page.goto(served.url + "runs?refresh=0")
     counts = {s.value: int(page.locator(f'#counts a[data-status="{s.value}"] b').inner_text()) for s in RunStatus}
-    assert counts == {"ready": 1 + BULK, "running": 1, "waiting": 1, "parked": 1, "diverged": 1, "completed": 2,
-                      "failed": 1, "cancelled": 1}
+    assert counts == {"ready": 1 + BULK, "running": 1, "waiting": 1, "parked": 1, "diverged": 1, "completed": 4,
+                      "failed": 1, "cancelled": 1}  # completed: order-done, approve-1, family-done and its child
     assert links_are_relative(page)
     served.shot(page, "runs")
     for status, ref in served.filled.refs.items():
@@ -149,6 +149,22 @@ def test_run_pages_show_waits_who_resumed_and_the_replay_verdict(served: Served,
     page.goto(served.url + "run?ref=order-done")
     assert page.locator("#replay-verdict").inner_text() == "clean: code and history agree to the end"
     assert page.locator("#parent").count() == 0  # no parent reference in its run_started: nothing shown
+
+
+def test_a_parent_and_its_child_link_to_each_other(served: Served, page: Any) -> None:
+    """A run that started a child run links to it (with its status), and the child links back to its parent."""
+    page.goto(served.url + "run?ref=family-done")
+    parent_id = page.locator("#run-id").inner_text()
+    children = page.locator("#children")
+    assert "child.steps#1" in children.inner_text() and "completed" in children.inner_text()
+    children.locator("a").first.click()
+    page.wait_for_load_state()
+    assert page.locator("#status").inner_text() == "completed"
+    assert page.locator("#facts").inner_text().count("child:") == 1  # its checkpoint id names the parent's call
+    page.locator("#parent").click()
+    page.wait_for_load_state()
+    assert page.locator("#run-id").inner_text() == parent_id
+    served.shot(page, "run-parent")
 
 
 def test_audit_escapes_a_hostile_attempt(served: Served, page: Any) -> None:

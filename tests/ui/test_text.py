@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import msgspec
 
 from runifold.cli._ui import store_label
 from runifold.history import Entry, RunStarted, SignalReceived, SignalWaitStarted, StepCompleted, StepFailed
-from runifold.stores import StoredEvent
 from runifold.ui._app import show, show_lines
-from runifold.ui._data import parent_of
 from runifold.ui._timeline import timeline
 
 
@@ -47,13 +44,12 @@ def test_timeline_times_gaps_calls_and_names_who_acted() -> None:
     assert (rows[4]["who"], rows[4]["why"]) == ("alice", "looks right")
 
 
-def test_parent_reference_is_read_from_run_started_when_present() -> None:
-    """A ``run_started`` row naming a parent (``parent_run_id``, or ``parent`` with a ``run_id``) gives its run id."""
-    def row(body: dict[str, object]) -> StoredEvent:
-        return StoredEvent(1, 0.0, "run_started", "", msgspec.json.encode(body))
+def test_a_child_runs_parent_is_read_from_run_started() -> None:
+    """The parent a run page links to is the ``parent_run_id`` its ``run_started`` carries (none for other runs)."""
+    from runifold.history import Entry, RunStarted, fold
 
-    base = {"type": "run_started", "name": "child", "version": 1, "input": {}}
-    assert parent_of([row(base)]) is None
-    assert parent_of([row({**base, "parent_run_id": "run_0123"})]) == "run_0123"
-    assert parent_of([row({**base, "parent": {"run_id": "run_0456", "key": "child#1"}})]) == "run_0456"
-    assert parent_of([]) is None
+    def first(**extra: str) -> list[Entry]:
+        return [Entry(1, 0.0, RunStarted(name="child", version=1, input={}, **extra))]
+
+    assert fold(first()).parent_run_id is None
+    assert fold(first(parent_run_id="run_0123")).parent_run_id == "run_0123"
