@@ -285,6 +285,11 @@ class SqliteWorkflowStore:
         """Run a write, grouped with others in the writer thread or, alone, in the caller."""
         if self._writer is None:
             raise StoreError(f"the SQLite store {self.path} was opened read-only; open it without readonly to write")
+        # invariant: a write yields to the event loop first, as I/O does. A direct write never suspends, so
+        # without this a run whose steps are quick would run to its end in one pass of the loop, other runs
+        # would never get to claim or commit beside it, and it would always look alone: no grouping, and a
+        # supervisor's other slots starved
+        await asyncio.sleep(0)
         try:
             if self._alone():
                 [(value, exc)] = self._apply(self._writer.connection, [op], budget=0.0)

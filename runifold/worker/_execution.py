@@ -376,6 +376,8 @@ class Execution(LiveProgress):
             except LeaseLostError as exc:
                 return LeaseLost(self.run_id, self.checkpoint_id, f"the claim waited too long: {exc}")
         renewer = asyncio.create_task(self._renew_loop(live), context=contextvars.Context())
+        # the run id on user code's log lines (step bodies run in this task or in copies of its context)
+        bound = structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
             try:
                 if not self._start():
@@ -396,6 +398,7 @@ class Execution(LiveProgress):
                 await self._release(live)
                 raise
         finally:
+            structlog.contextvars.reset_contextvars(**bound)
             self._teardown()
             renewer.cancel()
             # invariant: no task of this run outlives run_once()
@@ -476,11 +479,12 @@ class Execution(LiveProgress):
                     await self._wait(None)  # workflow code is still on its way (asyncio.sleep, to_thread)
                     continue
                 return None  # the debugger stops where the history ends
-            self._collect_finished()
-            if self._resolutions:
-                continue
+            if self._finished:
+                self._collect_finished()
             if self._outbox:
                 await self._commit()
+            if self._resolutions:
+                self._deliver_next()
                 continue
             if self._failure is None and not root.done():
                 self._advance()

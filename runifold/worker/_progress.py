@@ -14,8 +14,7 @@ import functools
 import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, NamedTuple, assert_never
 
 import msgspec
 import structlog
@@ -63,8 +62,7 @@ from runifold.worker._loop import WorkflowLoop
 _UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
 
 
-@dataclass(frozen=True)
-class _Start:
+class _Start(NamedTuple):
     """A body (or a reconcile function) to start for a call."""
 
     call: Call
@@ -279,8 +277,8 @@ class LiveProgress:
             task = asyncio.current_task()
             value: Any = None
             exc: BaseException | None = None
-            # this task is the run's own: bind what user code's log lines carry, and unbind after
-            bound = structlog.contextvars.bind_contextvars(run_id=self.run_id, key=start.call.key)
+            # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
+            bound = structlog.contextvars.bind_contextvars(key=start.call.key)
             try:
                 value = await _body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
@@ -296,7 +294,7 @@ class LiveProgress:
         for start in starts:
             # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
             ctx = contextvars.copy_context()
-            ctx.run(structlog.contextvars.bind_contextvars, run_id=self.run_id, key=start.call.key)
+            ctx.run(structlog.contextvars.bind_contextvars, key=start.call.key)
             task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout), context=ctx)
             self._bodies.add(task)
             task.add_done_callback(functools.partial(self._body_done, start))
@@ -479,12 +477,19 @@ class LiveProgress:
 async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
     """Run one body: a coroutine function on this loop, a plain function in a worker thread."""
     if timeout is None:
+        if _is_async(fn):
+            return await fn(*args, **kwargs)
         return await _call(fn, args, kwargs)
     async with asyncio.timeout(timeout):
         return await _call(fn, args, kwargs)
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if inspect.iscoroutinefunction(fn):
+    if _is_async(fn):
         return await fn(*args, **kwargs)
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn)
