@@ -6,6 +6,7 @@ Everything public is re-exported here; other modules are internal.
 from runifold.client import Client, RunHandle, connect
 from runifold.dsl import (
     Budget,
+    ChildHandle,
     CapabilitySet,
     ConcurrencyLimit,
     EffectOutcomeUnknown,
@@ -21,6 +22,7 @@ from runifold.dsl import (
 from runifold.errors import (
     BudgetExceededError,
     CapabilityDeniedError,
+    ChildFailedError,
     ConfigurationError,
     EffectFailedError,
     EnqueueConflictError,
@@ -77,6 +79,8 @@ __all__ = [
     "CapabilityDeniedError",
     "CapabilitySet",
     "Checkpoint",
+    "ChildFailedError",
+    "ChildHandle",
     "Client",
     "Completed",
     "ConcurrencyLimit",

@@ -25,6 +25,7 @@
     └── WorkflowError             raised *inside* workflow code; catch it there
         ├── StepFailedError       a step exhausted its retry policy
         ├── EffectFailedError     an effect failed definitely or an operator failed it
+        ├── ChildFailedError      a child workflow failed or was cancelled
         └── WaitTimeoutError      a signal did not arrive before its timeout
 
 Every message says what to do next. Exceptions carry their facts as attributes,
@@ -36,6 +37,7 @@ from __future__ import annotations
 __all__ = [
     "BudgetExceededError",
     "CapabilityDeniedError",
+    "ChildFailedError",
     "ConfigurationError",
     "EffectFailedError",
     "EnqueueConflictError",
@@ -247,6 +249,17 @@ class EffectFailedError(WorkflowError):
         self.key = key
         self.reason = reason
         super().__init__(f"effect {key} failed: {reason}")
+
+
+class ChildFailedError(WorkflowError):
+    """A child workflow run failed or was cancelled."""
+
+    def __init__(self, run_id: str, status: str, reason: str, error_type: str = "") -> None:
+        self.run_id = run_id
+        self.status = status
+        self.reason = reason
+        self.error_type = error_type
+        super().__init__(f"child run {run_id} {status}: {reason}")
 
 
 class WaitTimeoutError(WorkflowError):

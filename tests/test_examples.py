@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import require_postgres, reset_postgres
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,11 +46,24 @@ def test_payment_example(tmp_path: Path) -> None:
     assert "ord_3 after resolution: Completed(" in out and "provider applied 3 charge(s) in total" in out
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_children_example(tmp_path: Path, kind: str) -> None:
+    """The child-workflow example: a client awaits a parent that awaits two children; typed results come back."""
+    if kind == "postgres":
+        dsn = require_postgres()
+        asyncio.run(reset_postgres(dsn))
+        url = dsn
+    else:
+        url = f"sqlite:///{tmp_path / 'children.db'}"
+    out = run_example("children.py", tmp_path, url)
+    assert "fulfil ord_7 -> Fulfilment(invoice=Invoice(order_id='ord_7', total_cents=4200)" in out
+    assert out.count("child_started") == 2 and out.count("signal_received") == 2
+    assert "child child.bill#1: bill v1 completed" in out and "child child.pack#1: pack v1 completed" in out
+
+
 async def _store_url(kind: str, tmp_path: Path, name: str) -> str:
     if kind == "sqlite":
         return f"sqlite:///{tmp_path / name}"
-    from tests.conftest import require_postgres, reset_postgres
-
     dsn = require_postgres()
     await reset_postgres(dsn)
     return dsn

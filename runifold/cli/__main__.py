@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
-from runifold.cli import _drill, _keys, _logging, _operate, _recover, _runs, _schedules, _signals
+from runifold.cli import _drill, _keys, _logging, _operate, _recover, _runs, _schedules, _signals, _ui
 from runifold.cli._common import DEFAULT_STORE, UsageError
 from runifold.cli._text import printable
 from runifold.errors import ConfigurationError, RunifoldError, StoreError
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     _signals.register(sub)
     _keys.register(sub)
     _drill.register(sub)
+    _ui.register(sub)
     _schedules.register(sub)
     for child in _subparsers(parser):
         add_shared_options(child, top=False)

@@ -130,7 +130,8 @@ async def enqueue_cmd(args: argparse.Namespace) -> int:
     if not isinstance(data, dict):
         raise UsageError("--input must be a JSON object of workflow arguments")
     task = registry_of(args).validate(WorkflowTask(args.name, args.version, data, args.checkpoint_id,
-                                                   args.concurrency_key, args.concurrency_limit))
+                                                   concurrency_key=args.concurrency_key,
+                                                   concurrency_limit=args.concurrency_limit))
     store = await store_of(args, create=True)
     try:
         result = await store.enqueue(task)

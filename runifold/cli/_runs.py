@@ -20,7 +20,7 @@ from runifold.cli._common import (
     table_lines,
     when,
 )
-from runifold.history import EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
+from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
 from runifold.stores import RunInfo, RunStatus
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
 
@@ -100,13 +100,23 @@ async def runs_list(args: argparse.Namespace) -> int:
 
 
 async def _entries(args: argparse.Namespace, run_ref: str) -> tuple[RunInfo, list[Entry]]:
+    info, entries, _ = await _run_and_children(args, run_ref, children=False)
+    return info, entries
+
+
+async def _run_and_children(
+    args: argparse.Namespace, run_ref: str, *, children: bool = True
+) -> tuple[RunInfo, list[Entry], dict[str, RunInfo]]:
+    """A run, its history, and (if asked) its child runs by the key of the call that started each."""
     store = await store_of(args, readonly=True)
     try:
         info = await store.get_run(run_ref)
         rows = await store.history(info.run_id)
+        entries = [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
+        found = {key: await store.get_run(child) for key, child in fold(entries).children.items()} if children else {}
     finally:
         await store.close()
-    return info, [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
+    return info, entries, found
 
 
 def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | EffectFailed | None]:
@@ -119,12 +129,25 @@ def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | Effec
     return last, calls[-1] if calls else None
 
 
+def show_json(info: RunInfo, entries: list[Entry], checkpoint: Checkpoint,
+              children: dict[str, RunInfo]) -> dict[str, Any]:
+    """A run as ``runs show --json`` prints it (the web view's JSON too): run, checkpoint, children, failure."""
+    failed, call = _failure(entries)
+    return {"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
+            "children": {key: msgspec.to_builtins(child) for key, child in children.items()},
+            "failure": None if failed is None else {
+                "reason": failed.reason, "key": failed.key, "error_type": failed.error_type,
+                "traceback": failed.traceback, "call": None if call is None else {
+                    "key": call.key, "error": call.error, "error_type": call.error_type,
+                    "attempt": call.attempt, "traceback": call.traceback}}}
+
+
 def _indented(text: str, indent: str) -> list[str]:
     return [indent + printable(line) for line in text.splitlines()]
 
 
 async def runs_show(args: argparse.Namespace) -> int:
-    info, entries = await _entries(args, args.run)
+    info, entries, children = await _run_and_children(args, args.run)
     checkpoint = fold(entries)
     budget = None
     if args.app:
@@ -132,12 +155,7 @@ async def runs_show(args: argparse.Namespace) -> int:
         budget = definition.budget if definition else None
     failed, call = _failure(entries)
     if args.json:
-        emit_json({"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
-                   "failure": None if failed is None else {
-                       "reason": failed.reason, "key": failed.key, "error_type": failed.error_type,
-                       "traceback": failed.traceback, "call": None if call is None else {
-                           "key": call.key, "error": call.error, "error_type": call.error_type,
-                           "attempt": call.attempt, "traceback": call.traceback}}})
+        emit_json(show_json(info, entries, checkpoint, children))
         return 0
     out = [f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})",
            f"workflow    {info.name} v{info.version}",
@@ -149,6 +167,10 @@ async def runs_show(args: argparse.Namespace) -> int:
         out.append(f"due         {when(info.due_at)}")
     if info.reason:
         out.append(f"reason      {printable(info.reason)}")
+    if checkpoint.parent_run_id:
+        out.append(f"parent      {checkpoint.parent_run_id}")
+    out += [f"child       {printable(key)} -> {child.run_id} ({child.name} v{child.version}, {child.status})"
+            for key, child in children.items()]
     usage = checkpoint.usage
 
     def of(limit: float | None) -> str:

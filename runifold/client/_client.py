@@ -142,7 +142,8 @@ class Client:
             name = workflow
         else:
             raise ConfigurationError(f"start() takes a @workflow function, a WorkflowDefinition or a name, got {workflow!r}")
-        task = WorkflowTask(name, version, dict(input or {}), checkpoint_id, concurrency_key, concurrency_limit)
+        task = WorkflowTask(name, version, dict(input or {}), checkpoint_id, concurrency_key=concurrency_key,
+                            concurrency_limit=concurrency_limit)
         definition = self._definition(workflow, name, version)
         if definition is not None:
             bind_input(definition, dict(task.input))

@@ -1,7 +1,7 @@
 """How users write workflows: decorators, context and definitions."""
 
 from runifold.dsl._concurrency import ConcurrencyLimit
-from runifold.dsl._context import WorkflowContext
+from runifold.dsl._context import ChildHandle, WorkflowContext
 from runifold.dsl._decorators import EffectOutcomeUnknown, effect, step, workflow
 from runifold.dsl._definition import (
     Budget,
@@ -16,7 +16,8 @@ from runifold.dsl._definition import (
 )
 
 __all__ = [
-    "Budget", "CapabilitySet", "ConcurrencyLimit", "EffectOutcomeUnknown", "EffectSpec", "Evidence", "ResumePolicy",
+    "Budget", "CapabilitySet", "ChildHandle", "ConcurrencyLimit", "EffectOutcomeUnknown", "EffectSpec", "Evidence",
+    "ResumePolicy",
     "RetryPolicy", "StepSpec", "WorkflowContext", "WorkflowDefinition", "WorkflowSpec",
     "effect", "step", "workflow",
 ]

@@ -15,12 +15,17 @@ from __future__ import annotations
 import contextvars
 import random
 import uuid as uuid_module
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, final
+from typing import Any, Generic, Protocol, TypeVar, final
 
-from runifold.dsl._definition import EffectSpec, StepSpec, check_signal_name
-from runifold.errors import ConfigurationError, InvalidStateError
+import msgspec
+
+from runifold.dsl._definition import WORKFLOW_ATTR, EffectSpec, StepSpec, WorkflowSpec, check_signal_name
+from runifold.errors import ChildFailedError, ConfigurationError, InvalidStateError
+from runifold.history import RunCancelled, RunCompleted, RunFailed, convert, decode_event
+
+R = TypeVar("R")
 
 
 class Scope:
@@ -32,6 +37,10 @@ class Scope:
         self.path = path
         self._children = 0
         self._counters: dict[str, int] = {}
+
+    def peek(self, call_id: str) -> str:
+        """Return the key the next call of ``call_id`` in this scope will get (without taking it)."""
+        return f"{self.path}{call_id}#{self._counters.get(call_id, 0) + 1}"
 
     def key(self, call_id: str) -> str:
         """Return the next key for ``call_id`` in this scope."""
@@ -62,6 +71,9 @@ class Driver(Protocol):
     async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None: ...
 
     async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any) -> Any: ...
+
+    async def start_child(self, scope: Scope, workflow: Any, input: Mapping[str, Any], version: int | None,
+                          checkpoint_id: str | None) -> tuple[str, str]: ...
 
     def store_time(self) -> float: ...
 
@@ -165,3 +177,74 @@ class WorkflowContext:
         b = _binding()
         seconds = None if timeout is None else timeout.total_seconds()
         return await b.driver.wait_signal(b.scope, name, seconds, type)
+
+    async def start_child(
+        self, workflow: Callable[..., Awaitable[R]] | str, input: Mapping[str, Any] | None = None, *,
+        version: int | None = None, checkpoint_id: str | None = None,
+    ) -> ChildHandle[R]:
+        """Start ``workflow`` as a child run of this one; return a handle to await its result.
+
+        The child is a run of its own (any worker may run it), pinned to the
+        workflow's version (or ``version``, with a name). Its checkpoint id is
+        derived from this run and the call, so a replay never starts a second
+        child; pass ``checkpoint_id`` to choose it yourself. Cancelling this run
+        cancels its unfinished children.
+
+        Raises:
+            InvalidInputError: the input does not fit the child workflow's parameters.
+            EnqueueConflictError: ``checkpoint_id`` names another run.
+        """
+        b = _binding()
+        run_id, child_checkpoint = await b.driver.start_child(b.scope, workflow, dict(input or {}), version,
+                                                              checkpoint_id)
+        spec = getattr(workflow, WORKFLOW_ATTR, None)
+        returns = spec.returns.get() if isinstance(spec, WorkflowSpec) else Any
+        return ChildHandle(run_id, child_checkpoint, returns)
+
+    async def run_child(
+        self, workflow: Callable[..., Awaitable[R]] | str, input: Mapping[str, Any] | None = None, *,
+        version: int | None = None, checkpoint_id: str | None = None,
+    ) -> R:
+        """Start ``workflow`` as a child run and wait for its result (see :meth:`start_child`).
+
+        Raises:
+            ChildFailedError: the child failed or was cancelled.
+        """
+        handle = await self.start_child(workflow, input, version=version, checkpoint_id=checkpoint_id)
+        return await handle.result()
+
+
+@final
+class ChildHandle(Generic[R]):
+    """A child run started with ``ctx.start_child``."""
+
+    __slots__ = ("_returns", "checkpoint_id", "run_id")
+
+    def __init__(self, run_id: str, checkpoint_id: str, returns: Any) -> None:
+        self.run_id = run_id
+        self.checkpoint_id = checkpoint_id
+        self._returns = returns
+
+    def __repr__(self) -> str:
+        return f"ChildHandle({self.run_id!r})"
+
+    async def result(self) -> R:
+        """Wait (durably: the run suspends) until the child finishes; return its output, typed.
+
+        Raises:
+            ChildFailedError: the child failed or was cancelled.
+            SerializationError: its output does not fit the child workflow's return type.
+        """
+        b = _binding()
+        last = await b.driver.wait_signal(b.scope, f"child:{self.run_id}", None, Any)
+        event = decode_event(msgspec.json.encode(last), where=f"the last event of child run {self.run_id}")
+        match event:
+            case RunCompleted(output=output):
+                value: R = convert(output, self._returns, what=f"the result of child run {self.run_id}")
+                return value
+            case RunFailed(reason=reason, error_type=error_type):
+                raise ChildFailedError(self.run_id, "failed", reason, error_type)
+            case RunCancelled(by=by, reason=reason):
+                raise ChildFailedError(self.run_id, "cancelled", f"cancelled by {by}: {reason}")
+            case _:
+                raise ChildFailedError(self.run_id, "ended", f"unexpected last event {type(event).__name__}")

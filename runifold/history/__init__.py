@@ -32,6 +32,7 @@ from runifold.history._codec import (
 from runifold.history._events import (
     TERMINAL_EVENTS,
     AnyEvent,
+    ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
     EffectFailed,
@@ -62,7 +63,7 @@ from runifold.history._events import (
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "TERMINAL_EVENTS", "Ambiguous", "AnyEvent", "CallKind", "Checkpoint", "Done",
+    "TERMINAL_EVENTS", "Ambiguous", "AnyEvent", "CallKind", "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",
     "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",

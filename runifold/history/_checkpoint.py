@@ -14,6 +14,7 @@ import msgspec
 
 from runifold.history._calls import Ambiguous, Done, InDoubt, effect_state
 from runifold.history._events import (
+    ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
     EffectFailed,
@@ -86,6 +87,8 @@ class Checkpoint(msgspec.Struct, frozen=True):
     waits: list[Wait]
     result: Any = None
     failure: str | None = None
+    parent_run_id: str | None = None
+    children: dict[str, str] = msgspec.field(default_factory=dict)  # call key -> child run id
 
 
 def fold(entries: Sequence[Entry]) -> Checkpoint:
@@ -93,6 +96,7 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
     first = entries[0].event
     assert isinstance(first, RunStarted), "history must begin with run_started"
     outputs: dict[str, Any] = {}
+    children: dict[str, str] = {}
     attempts: dict[str, int] = {}
     effect_events: dict[str, list[Any]] = {}
     waits: dict[str, Wait] = {}
@@ -127,6 +131,8 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 units += charged
             case ValueRecorded():
                 pass
+            case ChildStarted(key=key, run_id=child):
+                children[key] = child
             case TimerStarted(key=key, fire_at=fire_at):
                 waits[key] = Wait(key, "timer", fire_at)
             case SignalWaitStarted(key=key, name=name, deadline=deadline):
@@ -175,4 +181,6 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
         waits=sorted(waits.values(), key=lambda w: w.key),
         result=result,
         failure=failure,
+        parent_run_id=first.parent_run_id,
+        children=children,
     )

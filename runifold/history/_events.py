@@ -26,6 +26,7 @@ class RunStarted(Event, frozen=True, tag="run_started", kw_only=True):
     version: int
     input: dict[str, Any]
     checkpoint_id: str | None = None
+    parent_run_id: str | None = None  # a child workflow's parent run
 
 
 class StepCompleted(Event, frozen=True, tag="step_completed", kw_only=True):
@@ -141,6 +142,15 @@ class SignalTimedOut(Event, frozen=True, tag="signal_timed_out", kw_only=True):
     name: str
 
 
+class ChildStarted(Event, frozen=True, tag="child_started", kw_only=True):
+    """The workflow started a child run (``ctx.start_child``); its last event will come back as a signal."""
+
+    run_id: str
+    name: str
+    version: int
+    checkpoint_id: str
+
+
 class RunCompleted(Event, frozen=True, tag="run_completed", kw_only=True):
     output: Any
 
@@ -183,6 +193,7 @@ AnyEvent = (
     | SignalWaitStarted
     | SignalReceived
     | SignalTimedOut
+    | ChildStarted
     | RunCompleted
     | RunFailed
     | RunRetried

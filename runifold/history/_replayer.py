@@ -40,6 +40,7 @@ from runifold.history._calls import (
 )
 from runifold.history._events import (
     AnyEvent,
+    ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
     EffectFailed,
@@ -71,6 +72,7 @@ class CallKind(enum.StrEnum):
     CHARGE = "charge"
     TIMER = "timer"
     SIGNAL = "signal"
+    CHILD = "child"
 
 
 def kind_of(event: AnyEvent) -> CallKind | None:
@@ -96,6 +98,8 @@ def kind_of(event: AnyEvent) -> CallKind | None:
             return CallKind.TIMER
         case SignalWaitStarted() | SignalReceived() | SignalTimedOut():
             return CallKind.SIGNAL
+        case ChildStarted():
+            return CallKind.CHILD
         case _:
             return None
 
@@ -117,6 +121,8 @@ def _resolved(kind: CallKind, events: Sequence[AnyEvent]) -> bool:
             return isinstance(timer_state(events), TimerDone)
         case CallKind.SIGNAL:
             return isinstance(wait_state(events), (WaitReceived, WaitTimedOut))
+        case CallKind.CHILD:
+            return True  # its only event, child_started, is its outcome (the child's end comes as a signal)
         case CallKind.VALUE | CallKind.CHARGE:
             return False  # answered at the call, synchronously: never awaited, never ordered
         case _ as unreachable:

@@ -71,6 +71,8 @@ class WorkflowTask:
         checkpoint_id: the caller's durable identity of the run. Enqueueing the
             same id again returns the existing run (same task) or raises
             :class:`EnqueueConflictError` (different task).
+        parent_run_id: the run whose child this run is (set by ``ctx.start_child``):
+            when this run finishes, its last event goes to the parent's inbox.
         concurrency_key: runs sharing a key share its limit: a claim takes a run
             only while fewer than ``concurrency_limit`` runs of its key are
             running (claimed under an unexpired lease). Both or neither.
@@ -81,6 +83,7 @@ class WorkflowTask:
     version: int
     input: Mapping[str, Any]
     checkpoint_id: str | None = None
+    parent_run_id: str | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
 
@@ -98,6 +101,8 @@ class WorkflowTask:
                 f"checkpoint_id {self.checkpoint_id!r} starts with {RUN_ID_PREFIX!r}, which is reserved for run ids "
                 "(a reference starting with it always names a run id); choose a checkpoint id without that prefix"
             )
+        if self.parent_run_id is not None and ref_column(self.parent_run_id) != "run_id":
+            raise InvalidInputError(f"parent_run_id must be a run id, got {self.parent_run_id!r}")
         try:
             check_text(self.name, what="the workflow name")
             if self.checkpoint_id is not None:
@@ -113,7 +118,8 @@ class WorkflowTask:
     def first_event(self) -> EventRow:
         """Return the ``run_started`` row that opens this task's history."""
         plain = to_plain(dict(self.input), what="the task input")
-        return EventRow.of(RunStarted(name=self.name, version=self.version, input=plain, checkpoint_id=self.checkpoint_id))
+        return EventRow.of(RunStarted(name=self.name, version=self.version, input=plain, checkpoint_id=self.checkpoint_id,
+                                      parent_run_id=self.parent_run_id))
 
     def input_json(self) -> bytes:
         """Return the input as canonical JSON, used to compare re-enqueued tasks."""

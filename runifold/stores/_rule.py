@@ -19,7 +19,10 @@ The commit rule: a commit from ``lease`` that read ``expected`` revision
    lease cleared);
 4. a run that starts waiting for a signal already in its inbox is *due now*:
    no wake-up is lost to a signal that beat the wait;
-5. idle workers are *woken* whenever a due time was set.
+5. idle workers are *woken* whenever a due time was set;
+6. a run that *finishes* (by a commit or an operator) and has a parent posts
+   its last event to the parent's inbox as signal ``child:<run id>`` (see
+   :func:`child_notice`), waking the parent if it waits for it.
 
 The claim rule: the most overdue due run of the asked names is claimed, except
 that a run with a concurrency key is *passed over* while as many runs of its
@@ -194,6 +197,20 @@ def enqueue_verdict(
     if not same:
         return "conflict"
     return "retried" if existing[0] == run_id else "existing"
+
+
+#: the sender of the signals a finished child run posts to its parent
+CHILD_SENDER = "runifold"
+
+
+def child_signal(run_id: str) -> str:
+    """The name (and signal id) of the signal a finished child run posts to its parent."""
+    return f"child:{run_id}"
+
+
+def child_notice(status: RunStatus, parent_run_id: str | None, last_body: str | None) -> bool:
+    """Tell whether a transition to ``status`` posts the run's last event (``last_body``) to its parent."""
+    return status.finished and parent_run_id is not None and last_body is not None
 
 
 def schedule_added(existing: tuple[object, ...] | None, definition: tuple[object, ...]) -> str:

@@ -72,6 +72,7 @@ class _Run:
     wait_signals: tuple[str, ...] = ()
     reason: str = ""
     recoveries: int = 0
+    parent_run_id: str | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
     events: list[StoredEvent] = field(default_factory=list)
@@ -81,7 +82,8 @@ class _Run:
         return RunInfo(
             self.run_id, self.checkpoint_id, self.name, self.version, self.status, self.revision,
             self.due_at, self.lease_owner, self.lease_token, self.lease_until, self.created_at,
-            self.updated_at, self.reason, self.recoveries, self.concurrency_key, self.concurrency_limit,
+            self.updated_at, self.reason, self.recoveries, concurrency_key=self.concurrency_key,
+            concurrency_limit=self.concurrency_limit,
         )
 
     def state(self) -> _rule.RunState:
@@ -108,6 +110,7 @@ class MemoryWorkflowStore:
         self._work = asyncio.Event()
         # (due_at, run_id) entries; stale ones (due_at changed since) are dropped lazily
         self._due: list[tuple[float, str]] = []
+        self._finish_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._schedules: dict[str, ScheduleInfo] = {}
 
     def _schedule(self, run: _Run, due_at: float | None) -> None:
@@ -165,8 +168,9 @@ class MemoryWorkflowStore:
                 results.append(EnqueueResult(existing[0], False))
                 continue
             staged[run_id] = (_Run(run_id, task.checkpoint_id, task.name, task.version, input_json, RunStatus.READY,
-                                   0, now, now, now, concurrency_key=task.concurrency_key,
-                                   concurrency_limit=task.concurrency_limit), task)
+                                   0, now, now, now, parent_run_id=task.parent_run_id,
+                                   concurrency_key=task.concurrency_key, concurrency_limit=task.concurrency_limit),
+                              task)
             if task.checkpoint_id is not None:
                 by_checkpoint[task.checkpoint_id] = run_id
             results.append(EnqueueResult(run_id, True))
@@ -257,9 +261,29 @@ class MemoryWorkflowStore:
         run.status, run.wait_signals, run.reason = columns.status, columns.wait_signals, columns.reason
         self._clear_lease(run)
         self._schedule(run, _rule.commit_due(columns, now, {s.inbox.name for s in run.unconsumed()}))
+        self._notify_parent(run, events, now)
         if run.concurrency_key is not None:
             self._work.set()  # a slot of its key is free: runs passed over may be claimed now
         return result
+
+    def _notify_parent(self, run: _Run, events: Sequence[EventRow], now: float) -> None:
+        """Rule 6: a finished child posts its last event to its parent's inbox; awaiting clients wake."""
+        if run.status.finished:
+            for waiter in self._finish_waiters.pop(run.run_id, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
+        last = events[-1].body.decode() if events else None
+        if not _rule.child_notice(run.status, run.parent_run_id, last):
+            return
+        parent = self._runs.get(run.parent_run_id or "")
+        name = _rule.child_signal(run.run_id)
+        if parent is None or name in parent.signals:
+            return
+        assert last is not None
+        signal = InboxSignal(name, name, msgspec.json.decode(last), _rule.CHILD_SENDER, "child run finished", now)
+        parent.signals[name] = _Signal(signal, "child")
+        if _rule.signal_wakes(parent.status, parent.wait_signals, name):
+            self._schedule(parent, now)
 
     async def release(self, lease: Lease) -> None:
         now = self._clock()
@@ -283,6 +307,7 @@ class MemoryWorkflowStore:
         self._clear_lease(run)
         run.status = status
         self._schedule(run, _rule.intervene_due(status, now))
+        self._notify_parent(run, events, now)
         if run.concurrency_key is not None:
             self._work.set()
         return result
@@ -384,6 +409,17 @@ class MemoryWorkflowStore:
         except RunNotFoundError:
             run_id = None
         return [a for a in self._audit if (run_id is not None and a.run_id == run_id) or a.run_ref == run_ref]
+
+    async def wait_for_finish(self, run_id: str, timeout: float | None) -> None:
+        """Return when ``run_id`` finishes, or after ``timeout``."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._finish_waiters.setdefault(run_id, set()).add(waiter)
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self._finish_waiters.get(run_id, set()).discard(waiter)
 
     async def wait_for_work(self, timeout: float) -> None:
         try:

@@ -73,6 +73,8 @@ T = TypeVar("T")
 log = get_logger("runifold.stores.postgres")
 
 CHANNEL = "runifold_work"
+#: notified with a run id whenever that run finishes (what ``RunHandle.result`` waits for)
+FINISHED_CHANNEL = "runifold_finished"
 #: the application_name of the store's connections (see pg_stat_activity), and of its listening one
 APPLICATION = "runifold"
 LISTEN_APPLICATION = "runifold-listen"
@@ -167,6 +169,7 @@ class PostgresWorkflowStore:
         self._command_timeout = command_timeout
         self._keepalive_seconds = keepalive_seconds
         self._listener: asyncpg.Connection | None = None
+        self._finish_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._connecting: asyncio.Future[None] | None = None
         self._due_query: asyncio.Future[float | None] | None = None
         self._work = asyncio.Event()
@@ -301,8 +304,8 @@ class PostgresWorkflowStore:
         # invariant: the run ids are chosen once, before the first attempt: a retry finds its own runs
         args = ([new_run_id(now) for _ in tasks], [t.checkpoint_id for t in tasks], [t.name for t in tasks],
                 [t.version for t in tasks], [t.input_json().decode() for t in tasks], [f.type for f in firsts],
-                [f.key for f in firsts], [f.body.decode() for f in firsts], [t.concurrency_key for t in tasks],
-                [t.concurrency_limit for t in tasks])
+                [f.key for f in firsts], [f.body.decode() for f in firsts], [t.parent_run_id for t in tasks],
+                [t.concurrency_key for t in tasks], [t.concurrency_limit for t in tasks])
 
         async def op(conn: asyncpg.Connection) -> list[EnqueueResult]:
             try:
@@ -515,6 +518,7 @@ class PostgresWorkflowStore:
                                              server_settings={"application_name": LISTEN_APPLICATION})
                 await _keepalive(self._keepalive_seconds)(conn)
                 await conn.add_listener(CHANNEL, self._notified)
+                await conn.add_listener(FINISHED_CHANNEL, self._finished)
             conn.add_termination_listener(self._listener_lost)
             self._listener = conn
         except (*_DRIVER_ERRORS, asyncio.TimeoutError) as exc:
@@ -523,6 +527,28 @@ class PostgresWorkflowStore:
 
     def _notified(self, *_: Any) -> None:
         self._work.set()
+
+    def _finished(self, _conn: Any, _pid: int, _channel: str, run_id: str) -> None:
+        for waiter in self._finish_waiters.pop(run_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_for_finish(self, run_id: str, timeout: float | None) -> None:
+        """Return when ``run_id`` may have finished (notified), after ``timeout``, or after the fallback poll."""
+        await self._ensure_listener()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._finish_waiters.setdefault(run_id, set()).add(waiter)
+        wait = self._poll_seconds if timeout is None else min(timeout, self._poll_seconds)
+        try:
+            await asyncio.wait_for(waiter, wait)
+        except TimeoutError:
+            pass
+        finally:
+            waiters = self._finish_waiters.get(run_id)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._finish_waiters[run_id]
 
     def _listener_lost(self, *_: Any) -> None:
         # the next wait reopens it; until then the fallback poll keeps runs moving

@@ -121,6 +121,20 @@ def _find(conn: sqlite3.Connection, ref: str) -> Any:
     return row
 
 
+def _notify_parent(conn: sqlite3.Connection, run_id: str, status: RunStatus, events: Sequence[EventRow],
+                   now: float) -> None:
+    """Rule 6: a finished child posts its last event to its parent's inbox, waking the parent if it waits for it."""
+    if not status.finished or not events:
+        return
+    parent = conn.execute(Q["parent_of"], (run_id,)).fetchone()[0]
+    last = events[-1].body.decode()
+    if not _rule.child_notice(status, parent, last):
+        return
+    name = _rule.child_signal(run_id)
+    conn.execute(Q["insert_child_signal"], (parent, name, last, _rule.CHILD_SENDER, now))
+    conn.execute(Q["wake_waiter"], (now, parent, name))
+
+
 def _insert_events(conn: sqlite3.Connection, run_id: str, first_seq: int, events: Sequence[EventRow], now: float) -> None:
     conn.executemany(Q["insert_event"],
                      [(run_id, first_seq + i, e.type, e.key, now, e.body.decode()) for i, e in enumerate(events)])
@@ -273,6 +287,11 @@ class SqliteWorkflowStore:
         """Run a write, grouped with others in the writer thread or, alone, in the caller."""
         if self._writer is None:
             raise StoreError(f"the SQLite store {self.path} was opened read-only; open it without readonly to write")
+        # invariant: a write yields to the event loop first, as I/O does. A direct write never suspends, so
+        # without this a run whose steps are quick would run to its end in one pass of the loop, other runs
+        # would never get to claim or commit beside it, and it would always look alone: no grouping, and a
+        # supervisor's other slots starved
+        await asyncio.sleep(0)
         try:
             if self._alone():
                 [(value, exc)] = self._apply(self._writer.connection, [op], budget=0.0)
@@ -361,7 +380,8 @@ class SqliteWorkflowStore:
                     results.append(EnqueueResult(existing[0], False))
                     continue
                 conn.execute(Q["insert_run"], (run_id, task.checkpoint_id, task.name, task.version, input_json,
-                                               now, now, now, task.concurrency_key, task.concurrency_limit))
+                                               now, now, now, task.parent_run_id, task.concurrency_key,
+                                               task.concurrency_limit))
                 _insert_events(conn, run_id, 1, [first], now)
                 results.append(EnqueueResult(run_id, True))
             return results
@@ -446,6 +466,7 @@ class SqliteWorkflowStore:
                     unconsumed = {r[0] for r in conn.execute(Q["unconsumed_names"], (lease.run_id,))}
                 conn.execute(Q["transition"], (revision, now, columns.status, _rule.commit_due(columns, now, unconsumed),
                                                _json(columns.wait_signals).decode(), columns.reason, lease.run_id))
+                _notify_parent(conn, lease.run_id, columns.status, events, now)
             return CommitResult(revision, now)
 
         try:
@@ -479,6 +500,7 @@ class SqliteWorkflowStore:
             revision = info.revision + len(events)
             _insert_events(conn, info.run_id, info.revision + 1, events, now)
             conn.execute(Q["intervene"], (revision, now, status, _rule.intervene_due(status, now), info.run_id))
+            _notify_parent(conn, info.run_id, status, events, now)
             return CommitResult(revision, now)
 
         return await self._write(op, wake=True)

@@ -23,7 +23,7 @@ from runifold.errors import (
     SignalConflictError,
     SignalRejectedError,
 )
-from runifold.history import RunCancelled, StepCompleted, decode_event
+from runifold.history import RunCancelled, RunCompleted, StepCompleted, decode_event
 from runifold.stores import (
     AuditRecord,
     Continue,
@@ -524,3 +524,29 @@ class StoreConformance(ScheduleAndLimitConformance):
         assert await store.purge_finished(cutoff) == 0
         assert [r.checkpoint_id for r in await store.list_runs()] == ["open"]
         assert await store.purge_finished(0.0) == 0
+
+    async def test_a_finished_child_posts_its_last_event_to_its_parent(self, store: Any) -> None:
+        """Rule 6: a child run that finishes (commit or operator) posts its last event to its parent, once, waking it."""
+        parent = await store.enqueue(WorkflowTask("parent", 1, {}, checkpoint_id="p1"))
+        first = await store.enqueue(WorkflowTask("child", 1, {}, checkpoint_id="k1", parent_run_id=parent.run_id))
+        second = await store.enqueue(WorkflowTask("child", 1, {}, checkpoint_id="k2", parent_run_id=parent.run_id))
+        claim = await store.claim("w1", {"parent"}, LEASE)
+        assert claim is not None
+        names = (f"child:{first.run_id}", f"child:{second.run_id}")
+        await store.commit(claim.lease, 1, [], Suspend(RunStatus.WAITING, signals=names))
+        claim = await store.claim("w1", {"child"}, LEASE, exclude={second.run_id})
+        assert claim is not None and claim.run_id == first.run_id
+        await store.commit(claim.lease, 1, [step_row("a#1", 1)], Continue())
+        assert (await store.get_run("p1")).due_at is None  # a step is not an end: the parent sleeps on
+        await store.commit(claim.lease, 2, [EventRow.of(RunCompleted(output={"n": 1}))], Finish(RunStatus.COMPLETED))
+        assert (await store.get_run("p1")).due_at is not None  # woken: it waits for that signal
+        await store.intervene(second.run_id, {RunStatus.READY}, [EventRow.of(RunCancelled(by="ops", reason="no"))],
+                              RunStatus.CANCELLED)
+        parent_claim = await store.claim("w1", {"parent"}, LEASE)
+        assert parent_claim is not None and parent_claim.run_id == parent.run_id
+        payloads = {s.name: s.payload for s in parent_claim.inbox}
+        assert payloads == {
+            names[0]: {"type": "run_completed", "key": "", "output": {"n": 1}},
+            names[1]: {"type": "run_cancelled", "key": "", "by": "ops", "reason": "no"},
+        }
+        assert all(s.sender == "runifold" for s in parent_claim.inbox)

@@ -90,10 +90,12 @@ async def resolve_effect(
 
 
 async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str) -> CommitResult:
-    """Cancel an unfinished run: append ``run_cancelled`` and fence off any worker holding it.
+    """Cancel an unfinished run, and its unfinished child runs: append ``run_cancelled``, fence off workers.
 
     Cancelling a run that is already cancelled changes nothing and returns its
-    current revision (so a repeated cancel is safe).
+    current revision (so a repeated cancel is safe). Its children started with
+    ``ctx.start_child`` are cancelled too (with the reason ``parent <run> was
+    cancelled: <reason>``), and theirs, and so on.
 
     Raises:
         InvalidStateError: the run completed or failed.
@@ -104,8 +106,11 @@ async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str
     if info.status is RunStatus.CANCELLED:
         return CommitResult(info.revision, info.updated_at)
     event = RunCancelled(by=by, reason=reason)
-    result = await store.intervene(run_ref, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED)
+    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED)
     log.info("run_cancelled", run_ref=run_ref, by=by)
+    for child in fold(await _history(store, info.run_id)).children.values():
+        if not (await store.get_run(child)).status.finished:
+            await cancel_run(store, child, by=by, reason=f"parent {info.run_id} was cancelled: {reason}")
     return result
 
 

@@ -12,7 +12,7 @@ from runifold.history import CallKind
 from runifold.stores import Lease, WorkflowStore
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Call:
     """One durable call of the workflow, from its registration until workflow code has its outcome."""
 

@@ -37,7 +37,7 @@ import asyncio
 import contextvars
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, assert_never
 
 import structlog
@@ -45,9 +45,10 @@ from runifold._log import get_logger
 
 from runifold.dsl import WorkflowContext, WorkflowDefinition
 from runifold.dsl._context import Binding, Scope
-from runifold.dsl._definition import EffectSpec, StepSpec
+from runifold.dsl._definition import WORKFLOW_ATTR, EffectSpec, StepSpec, WorkflowSpec
 from runifold.errors import (
     BudgetExceededError,
+    ConfigurationError,
     EffectFailedError,
     LeaseLostError,
     NondeterminismError,
@@ -66,6 +67,7 @@ from runifold.history import (
     Ambiguous,
     CallKind,
     Done,
+    ChildStarted,
     Entry,
     Failed,
     Fresh,
@@ -102,6 +104,7 @@ from runifold.stores import (
     Suspend,
     Transition,
     WorkflowStore,
+    WorkflowTask,
 )
 from runifold.worker._call import Call, Live, ReplayReport, Usage, why
 from runifold.worker._loop import WorkflowLoop
@@ -218,6 +221,32 @@ class Execution(LiveProgress):
         deadline = None if timeout is None else self.store_time() + timeout
         return await self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name, due=deadline).future
 
+    async def start_child(self, scope: Scope, workflow: Any, input: Mapping[str, Any], version: int | None,
+                          checkpoint_id: str | None) -> tuple[str, str]:
+        task = self._child_task(workflow, input, version, checkpoint_id, scope)
+        call = self._register(scope.key(f"child.{task.name}"), CallKind.CHILD, None, args=(task,))
+        child: tuple[str, str] = await call.future
+        return child
+
+    def _child_task(self, workflow: Any, input: Mapping[str, Any], version: int | None, checkpoint_id: str | None,
+                    scope: Scope) -> WorkflowTask:
+        """The child's task, its input checked against the child's code when it is known (a pure check)."""
+        spec = getattr(workflow, WORKFLOW_ATTR, None)
+        if isinstance(spec, WorkflowSpec):
+            name, version = spec.name, spec.version if version is None else version
+            if version == spec.version:
+                bind_input(WorkflowDefinition(workflow), dict(input))
+        elif isinstance(workflow, str) and version is not None:
+            name = workflow
+        else:
+            raise ConfigurationError(
+                f"start_child() takes a @workflow function, or a workflow name with version=, got {workflow!r}")
+        # invariant: the child's checkpoint id follows from this run and the call, so a replay that starts the
+        # child again finds the same run (key: the one this call is about to get)
+        key = scope.peek(f"child.{name}")
+        return WorkflowTask(name, version, dict(input), checkpoint_id or f"child:{self.run_id}:{key}",
+                            parent_run_id=self.run_id)
+
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         key = scope.key(kind)
         events = self._visit(key, CallKind.VALUE)
@@ -318,6 +347,9 @@ class Execution(LiveProgress):
                         self._buffer.append(SignalWaitStarted(key=key, name=call.name, deadline=call.due))
                     case _ as unreachable:
                         assert_never(unreachable)
+            case CallKind.CHILD:
+                if events:
+                    return False  # child_started: replay answers it
             case CallKind.VALUE | CallKind.CHARGE:
                 raise AssertionError("values and charges are answered at the call")
             case _ as unreachable:
@@ -344,6 +376,8 @@ class Execution(LiveProgress):
             except LeaseLostError as exc:
                 return LeaseLost(self.run_id, self.checkpoint_id, f"the claim waited too long: {exc}")
         renewer = asyncio.create_task(self._renew_loop(live), context=contextvars.Context())
+        # the run id on user code's log lines (step bodies run in this task or in copies of its context)
+        bound = structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
             try:
                 if not self._start():
@@ -364,6 +398,7 @@ class Execution(LiveProgress):
                 await self._release(live)
                 raise
         finally:
+            structlog.contextvars.reset_contextvars(**bound)
             self._teardown()
             renewer.cancel()
             # invariant: no task of this run outlives run_once()
@@ -375,22 +410,23 @@ class Execution(LiveProgress):
         try:
             if self._start():
                 await self._drive()
+            report = self.report
+            report.divergence = self._divergence
+            if report.divergence is None:
+                # invariant: read before the teardown, which cancels every task of the workflow
+                pending = [c.key for c in self._open if not c.future.done()]
+                report.stopped_at = pending[0] if pending else None
+                root = self._root
+                if root is not None and root.done():
+                    report.finished = True
+                    if root.cancelled():
+                        report.error = "the workflow's task was cancelled"
+                    elif root.exception() is not None:
+                        report.error = describe(root.exception())  # type: ignore[arg-type]
+                    else:
+                        self._check_result(root.result())
         finally:
             self._teardown()
-        report = self.report
-        report.divergence = self._divergence
-        if report.divergence is None:
-            pending = [c.key for c in self._open if not c.future.done()]
-            report.stopped_at = pending[0] if pending else None
-            root = self._root
-            if root is not None and root.done():
-                report.finished = True
-                if root.cancelled():
-                    report.error = "the workflow's task was cancelled"
-                elif root.exception() is not None:
-                    report.error = describe(root.exception())  # type: ignore[arg-type]
-                else:
-                    self._check_result(root.result())
         return report
 
     def _start(self) -> bool:
@@ -439,12 +475,16 @@ class Execution(LiveProgress):
                 self._divergence = self._stuck()
                 continue
             if self._live is None:
+                if loop.waiting_in_real_time and not root.done():
+                    await self._wait(None)  # workflow code is still on its way (asyncio.sleep, to_thread)
+                    continue
                 return None  # the debugger stops where the history ends
-            self._collect_finished()
-            if self._resolutions:
-                continue
+            if self._finished:
+                self._collect_finished()
             if self._outbox:
                 await self._commit()
+            if self._resolutions:
+                self._deliver_next()
                 continue
             if self._failure is None and not root.done():
                 self._advance()
@@ -505,6 +545,11 @@ class Execution(LiveProgress):
             case CallKind.TIMER:
                 steps.append((key, "timer fired"))
                 return None, None
+            case CallKind.CHILD:
+                started = events[0]
+                assert isinstance(started, ChildStarted)
+                steps.append((key, f"child {started.run_id} started"))
+                return (started.run_id, started.checkpoint_id), None
             case CallKind.SIGNAL:
                 wait = wait_state(events)
                 if isinstance(wait, WaitReceived):
@@ -583,6 +628,12 @@ class Execution(LiveProgress):
         del self._consumed[: len(consumed)]
         for _, action in outbox:
             action()
+
+    def _abort(self, exc: StoreError) -> None:
+        """Stop this execution for a store error met outside a commit; nothing more is written."""
+        self.log.warning("store_failed", error=str(exc))
+        self._store_error = exc
+        self._lose(f"store error: {exc}")
 
     def _lose(self, detail: str) -> None:
         if self._lost is None:

@@ -14,8 +14,7 @@ import functools
 import inspect
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, assert_never
+from typing import Any, NamedTuple, assert_never
 
 import msgspec
 import structlog
@@ -30,6 +29,7 @@ from runifold.errors import (
     RunifoldError,
     SerializationError,
     StepFailedError,
+    StoreError,
     WaitTimeoutError,
     describe,
     traceback_of,
@@ -38,6 +38,7 @@ from runifold.errors import (
 from runifold.history import (
     AnyEvent,
     CallKind,
+    ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
     EffectFailed,
@@ -54,15 +55,14 @@ from runifold.history import (
     convert,
     record,
 )
-from runifold.stores import InboxSignal
+from runifold.stores import EnqueueResult, InboxSignal, WorkflowTask
 from runifold.worker._call import Call, Live, Usage
 from runifold.worker._loop import WorkflowLoop
 
 _UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
 
 
-@dataclass(frozen=True)
-class _Start:
+class _Start(NamedTuple):
     """A body (or a reconcile function) to start for a call."""
 
     call: Call
@@ -144,6 +144,8 @@ class LiveProgress:
                         self._resolve(call)
                 case CallKind.SIGNAL:
                     self._try_signal(call, now)
+                case CallKind.CHILD:
+                    self._spawn(call, self._enqueue_child, call.args, {}, None, "body")
                 case CallKind.VALUE | CallKind.CHARGE:
                     raise AssertionError("values and charges are never open")
                 case _ as unreachable:
@@ -275,8 +277,8 @@ class LiveProgress:
             task = asyncio.current_task()
             value: Any = None
             exc: BaseException | None = None
-            # this task is the run's own: bind what user code's log lines carry, and unbind after
-            bound = structlog.contextvars.bind_contextvars(run_id=self.run_id, key=start.call.key)
+            # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
+            bound = structlog.contextvars.bind_contextvars(key=start.call.key)
             try:
                 value = await _body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
@@ -292,7 +294,7 @@ class LiveProgress:
         for start in starts:
             # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
             ctx = contextvars.copy_context()
-            ctx.run(structlog.contextvars.bind_contextvars, run_id=self.run_id, key=start.call.key)
+            ctx.run(structlog.contextvars.bind_contextvars, key=start.call.key)
             task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout), context=ctx)
             self._bodies.add(task)
             task.add_done_callback(functools.partial(self._body_done, start))
@@ -320,8 +322,33 @@ class LiveProgress:
                 self._reconciled(call, value, exc)
             elif call.kind is CallKind.STEP:
                 self._step_finished(call, value, exc)
+            elif call.kind is CallKind.CHILD:
+                self._child_started(call, value, exc)
             else:
                 self._effect_finished(call, value, exc)
+
+    async def _enqueue_child(self, task: WorkflowTask) -> EnqueueResult:
+        """Create the child run (idempotent by its checkpoint id: a repeat after a crash finds it)."""
+        assert self._live is not None
+        return await self._live.store.enqueue(task)
+
+    def _child_started(self, call: Call, result: EnqueueResult | None, exc: BaseException | None) -> None:
+        task = call.args[0]
+        assert isinstance(task, WorkflowTask)
+        if isinstance(exc, StoreError):
+            self._abort(exc)  # the store's trouble, never the workflow's: this execution stops, nothing recorded
+        elif exc is not None:
+            if call in self._open:
+                self._open.remove(call)
+            self._resolve(call, error=exc)  # e.g. EnqueueConflictError: the workflow's own checkpoint id
+        else:
+            assert result is not None and task.checkpoint_id is not None
+            started = ChildStarted(key=call.key, run_id=result.run_id, name=task.name, version=task.version,
+                                   checkpoint_id=task.checkpoint_id)
+            self._done(call, [started], (result.run_id, task.checkpoint_id))
+
+    def _abort(self, exc: StoreError) -> None:
+        raise NotImplementedError
 
     def _done(self, call: Call, events: list[AnyEvent], value: Any = None, error: BaseException | None = None) -> None:
         """The call's outcome is known: commit ``events``, then hand the outcome to workflow code."""
@@ -450,12 +477,19 @@ class LiveProgress:
 async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
     """Run one body: a coroutine function on this loop, a plain function in a worker thread."""
     if timeout is None:
+        if _is_async(fn):
+            return await fn(*args, **kwargs)
         return await _call(fn, args, kwargs)
     async with asyncio.timeout(timeout):
         return await _call(fn, args, kwargs)
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if inspect.iscoroutinefunction(fn):
+    if _is_async(fn):
         return await fn(*args, **kwargs)
     return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn)

@@ -85,3 +85,16 @@ async def test_result_times_out_and_cancel_ends_the_run(store: Any) -> None:
     with pytest.raises(RunFailedError) as cancelled:
         await handle.result(timeout=5)
     assert cancelled.value.status == RunStatus.CANCELLED and "not needed" in cancelled.value.reason
+
+
+@pytest.mark.parametrize("open_store", ["memory", "postgres"], indirect=True)
+async def test_result_wakes_when_the_run_finishes(open_store: Any) -> None:
+    """On stores that can notify, a waiting result() is woken by the run's end, not by its timeout."""
+    store = await open_store()
+    handle = await Client(store, registry).start(stamping, {"n": 1})
+    waiting = asyncio.create_task(handle.result(timeout=120))
+    await asyncio.sleep(0.3)  # result() is waiting now
+    assert not waiting.done()
+    await worker(store, WorkflowDefinition(stamping)).run_once()
+    # well inside PostgreSQL's 5 s fallback poll (the memory store has none): only the notification wakes it
+    assert await asyncio.wait_for(waiting, 3) == dt.datetime(2026, 1, 2, tzinfo=dt.UTC)

@@ -474,3 +474,15 @@ async def test_replay_all_reports_runs_of_unregistered_workflows(store: Any) -> 
     old = by_run[(await store.get_run("old1")).run_id]
     assert not old.clean and old.divergence is not None and "retired-workflow v3" in str(old.divergence)
     assert by_run[(await store.get_run("d1")).run_id].clean
+
+
+async def test_the_debugger_reports_where_an_unfinished_run_waits(store: Any) -> None:
+    """Replaying a waiting run stops at its wait: not finished, no error, stopped at the wait's key."""
+    from runifold.worker import replay_run
+
+    definition = WorkflowDefinition(deadline, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("deadline", 1, {}, checkpoint_id="w1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    report = await replay_run(store, WorkflowRegistry(definition), "w1")
+    assert report.clean and not report.finished and report.error is None
+    assert report.stopped_at == "wait.go#1"

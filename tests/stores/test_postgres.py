@@ -116,7 +116,7 @@ async def test_postgres_a_retried_enqueue_creates_one_run(open_store: Any) -> No
 
     store = await open_store()
     args = (["run_0123456789ab0123456789ab"], [None], ["wf"], [1], ["{}"], ["run_started"], [""],
-            ['{"type":"run_started","name":"wf","version":1,"input":{}}'], [None], [None])
+            ['{"type":"run_started","name":"wf","version":1,"input":{}}'], [None], [None], [None])
     first = await store._call(lambda conn: conn.fetch(Q["enqueue"], *args))
     again = await store._call(lambda conn: conn.fetch(Q["enqueue"], *args))
     assert [tuple(r) for r in first] == [tuple(r) for r in again] == [("run_0123456789ab0123456789ab", True)]

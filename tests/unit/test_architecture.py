@@ -49,7 +49,7 @@ def test_dsl_does_not_depend_on_workers_or_stores() -> None:
 def test_public_api_is_pinned() -> None:
     """runifold.__all__ is exactly the documented public API."""
     assert sorted(runifold.__all__) == sorted([
-        "Authenticator", "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "Client", "Completed",
+        "Authenticator", "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "ChildFailedError", "ChildHandle", "Client", "Completed",
         "ConcurrencyLimit", "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
         "EnqueueConflictError", "Evidence", "Failed", "HmacKeyRing", "Idle", "InvalidInputError", "InvalidStateError",
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",

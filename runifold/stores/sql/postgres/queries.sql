@@ -17,7 +17,7 @@ INSERT INTO runifold_schema (version) VALUES ($1)
 SELECT runifold_now()
 
 -- name: enqueue
-SELECT run_id, created FROM runifold_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+SELECT run_id, created FROM runifold_enqueue($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 
 -- name: claim
 -- leases up to $6 runs (the claims of one process that met in flight) and returns each one's

@@ -27,6 +27,7 @@ CREATE TABLE runifold_runs (
     reason        text    NOT NULL DEFAULT '',
     created_at    double precision NOT NULL,
     updated_at    double precision NOT NULL,
+    parent_run_id text,                      -- a child workflow's parent: gets its last event when it finishes
     -- a claim passes over a due run while concurrency_limit runs of its concurrency_key are
     -- running under an unexpired lease (both NULL: no limit)
     concurrency_key   text,
@@ -143,7 +144,8 @@ $$;
 -- and nothing is enqueued.
 CREATE FUNCTION runifold_enqueue(
     p_run_ids text[], p_checkpoint_ids text[], p_names text[], p_versions integer[], p_inputs text[],
-    p_types text[], p_keys text[], p_bodies text[], p_concurrency_keys text[], p_concurrency_limits integer[]
+    p_types text[], p_keys text[], p_bodies text[], p_parents text[], p_concurrency_keys text[],
+    p_concurrency_limits integer[]
 ) RETURNS TABLE (run_id text, created boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -154,9 +156,9 @@ DECLARE
 BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_run_ids), 0) LOOP
         INSERT INTO runifold_runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at,
-                                   created_at, updated_at, concurrency_key, concurrency_limit)
+                                   created_at, updated_at, parent_run_id, concurrency_key, concurrency_limit)
         VALUES (p_run_ids[i], p_checkpoint_ids[i], p_names[i], p_versions[i], p_inputs[i], 'ready', 1, v_now,
-                v_now, v_now, p_concurrency_keys[i], p_concurrency_limits[i])
+                v_now, v_now, p_parents[i], p_concurrency_keys[i], p_concurrency_limits[i])
         ON CONFLICT DO NOTHING;
         IF FOUND THEN
             INSERT INTO runifold_events (run_id, seq, type, key, at, body)
@@ -180,6 +182,27 @@ BEGIN
         RETURN NEXT;
     END LOOP;
     PERFORM pg_notify('runifold_work', '');
+END
+$$;
+
+-- Rule 6: a run that finished posts its last event (p_body) to its parent's
+-- inbox, once, as signal 'child:<run id>', and wakes the parent if it waits for
+-- it. Returns whether it woke the parent. No parent (or no body): nothing.
+CREATE FUNCTION runifold_notify_parent(p_run text, p_body text, p_now double precision) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_parent text;
+    v_name text := 'child:' || p_run;
+BEGIN
+    SELECT parent_run_id INTO v_parent FROM runifold_runs WHERE run_id = p_run;
+    IF v_parent IS NULL OR p_body IS NULL THEN
+        RETURN false;
+    END IF;
+    INSERT INTO runifold_signals (run_id, signal_id, name, payload, payload_hash, sender, key_id, reason, received_at)
+    VALUES (v_parent, v_name, v_name, p_body, 'child', 'runifold', '', 'child run finished', p_now)
+    ON CONFLICT (run_id, signal_id) DO NOTHING;
+    UPDATE runifold_runs SET due_at = p_now WHERE run_id = v_parent AND status = 'waiting' AND v_name = ANY (wait_signals);
+    RETURN FOUND;
 END
 $$;
 
@@ -296,6 +319,13 @@ BEGIN
         ELSIF v_status IS NOT NULL AND v_due IS NOT NULL THEN
             -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
             v_notify := true;
+        END IF;
+        -- (nested: SQL does not promise to skip the call when the first condition is false or NULL)
+        IF coalesce(v_status IN ('completed', 'failed', 'cancelled'), false) THEN
+            PERFORM pg_notify('runifold_finished', p_run[i]);  -- a client awaiting its result wakes
+            IF p_count[i] > 0 AND runifold_notify_parent(p_run[i], p_bodies[v_last], v_now) THEN
+                v_notify := true;
+            END IF;
         END IF;
         ok := true;
         new_revision := p_expected[i] + p_count[i];
@@ -467,6 +497,12 @@ BEGIN
         due_at = CASE WHEN p_status IN ('completed', 'failed', 'cancelled') THEN NULL ELSE v_now END,
         lease_token = lease_token + 1, lease_owner = NULL, lease_until = NULL
     WHERE run_id = v_run.run_id;
+    IF p_status IN ('completed', 'failed', 'cancelled') THEN
+        PERFORM pg_notify('runifold_finished', v_run.run_id);
+        IF v_n > 0 THEN
+            PERFORM runifold_notify_parent(v_run.run_id, p_bodies[v_n], v_now);
+        END IF;
+    END IF;
     PERFORM pg_notify('runifold_work', '');
     RETURN QUERY SELECT v_run.run_id, v_run.status, v_run.revision + v_n, v_now;
 END

@@ -23,8 +23,8 @@ SELECT run_id, name, version, input_json FROM runs WHERE {ref} = ?
 
 -- name: insert_run
 INSERT INTO runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at, created_at, updated_at,
-                  concurrency_key, concurrency_limit)
-VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?)
+                  parent_run_id, concurrency_key, concurrency_limit)
+VALUES (?, ?, ?, ?, ?, 'ready', 1, ?, ?, ?, ?, ?, ?)
 
 -- name: insert_event
 INSERT INTO events (run_id, seq, type, key, at, body) VALUES (?, ?, ?, ?, ?, ?)
@@ -138,6 +138,20 @@ ORDER BY run_id DESC LIMIT ?5
 
 -- name: count_runs
 SELECT count(*) FROM runs WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
+
+-- name: parent_of
+SELECT parent_run_id FROM runs WHERE run_id = ?
+
+-- name: insert_child_signal
+-- a finished child's last event, in its parent's inbox (once: the signal id is the child's)
+INSERT OR IGNORE INTO signals (run_id, signal_id, name, payload, payload_hash, sender, key_id, reason, received_at,
+                               arrival)
+SELECT ?1, ?2, ?2, ?3, 'child', ?4, '', 'child run finished', ?5, COALESCE(MAX(arrival), 0) + 1
+FROM signals WHERE run_id = ?1
+
+-- name: wake_waiter
+UPDATE runs SET due_at = ? WHERE run_id = ? AND status = 'waiting'
+  AND EXISTS (SELECT 1 FROM json_each(wait_signals) WHERE value = ?)
 
 -- name: schedule
 SELECT name, workflow, version, input_json, cron, every_seconds, timezone, catchup_seconds, paused, last_tick,

@@ -22,6 +22,7 @@ CREATE TABLE runs (
     reason        TEXT    NOT NULL DEFAULT '',
     created_at    REAL    NOT NULL,
     updated_at    REAL    NOT NULL,
+    parent_run_id TEXT,                     -- a child workflow's parent: gets its last event when it finishes
     -- a claim passes over a due run while concurrency_limit runs of its concurrency_key are
     -- running under an unexpired lease (both NULL: no limit)
     concurrency_key   TEXT,

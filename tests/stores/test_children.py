@@ -1,0 +1,160 @@
+"""Child workflows on every store: a parent starts children, waits durably for their typed results or failures,
+never starts a child twice however often it replays, and cancelling it cancels them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from runifold import (
+    ChildFailedError,
+    RunStatus,
+    Supervisor,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    cancel_run,
+    step,
+    workflow,
+)
+from runifold.history import ChildStarted, RunStarted, SignalReceived, fold
+from tests.support import entries, send_signal, worker
+
+calls: Counter[str] = Counter()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+
+
+class Invoice(msgspec.Struct, frozen=True):
+    order_id: str
+    total: int
+
+
+@step()
+async def bill(order_id: str, amount: int) -> Invoice:
+    calls[f"bill-{order_id}"] += 1
+    return Invoice(order_id, amount)
+
+
+@workflow("billing")
+async def billing(ctx: WorkflowContext, order_id: str, amount: int) -> Invoice:
+    if amount < 0:
+        raise ValueError("a negative amount")
+    await ctx.sleep(timedelta(milliseconds=50))  # the parent waits durably meanwhile
+    return await bill(order_id, amount)
+
+
+@workflow("approved-billing")
+async def approved_billing(ctx: WorkflowContext, order_id: str) -> str:
+    await ctx.wait_signal("approve")
+    return order_id
+
+
+@workflow("orders")
+async def orders(ctx: WorkflowContext, amounts: list[int]) -> dict[str, Any]:
+    handles = [await ctx.start_child(billing, {"order_id": f"o{i}", "amount": a}) for i, a in enumerate(amounts)]
+    results: list[Any] = []
+    for handle in handles:
+        try:
+            invoice = await handle.result()
+            results.append([type(invoice).__name__, invoice.total])
+        except ChildFailedError as exc:
+            results.append([exc.status, exc.error_type])
+    together = await asyncio.gather(ctx.run_child(billing, {"order_id": "g1", "amount": 7}),
+                                    ctx.run_child(billing, {"order_id": "g2", "amount": 8}))
+    return {"results": results, "together": [i.total for i in together]}
+
+
+@workflow("waits-on-a-child")
+async def waits_on_a_child(ctx: WorkflowContext) -> str:
+    return await ctx.run_child(approved_billing, {"order_id": "x"})
+
+
+registry = WorkflowRegistry(WorkflowDefinition(billing), WorkflowDefinition(orders),
+                            WorkflowDefinition(approved_billing, signals={"approve": {"*"}}),
+                            WorkflowDefinition(waits_on_a_child))
+
+
+async def run_until(store: Any, ref: str, status: RunStatus, timeout: float = 30) -> Any:
+    supervisor = Supervisor(worker(store, *[registry.definition_for(n, v) for n, v in registry.versions()]), 4,
+                            idle_wait=timedelta(seconds=0.02))
+    running = asyncio.create_task(supervisor.run(handle_signals=False))
+    try:
+        async with asyncio.timeout(timeout):
+            while (await store.get_run(ref)).status is not status:
+                await asyncio.sleep(0.02)
+    finally:
+        supervisor.stop()
+        await running
+    return supervisor
+
+
+async def test_a_parent_awaits_its_children_typed_results_and_failures(store: Any) -> None:
+    """Children run as runs of their own; the parent gets their outputs (typed) or ChildFailedError, once each."""
+    await store.enqueue(WorkflowTask("orders", 1, {"amounts": [5, -1, 9]}, checkpoint_id="p1"))
+    await run_until(store, "p1", RunStatus.COMPLETED)
+    history = await entries(store, "p1")
+    done = [e.event for e in history][-1]
+    assert msgspec.to_builtins(done)["output"] == {
+        "results": [["Invoice", 5], ["failed", "ValueError"], ["Invoice", 9]], "together": [7, 8]}
+    started = [e.event for e in history if isinstance(e.event, ChildStarted)]
+    assert [s.name for s in started] == ["billing"] * 5
+    assert sorted(s.key for s in started)[:3] == ["1/child.billing#1", "2/child.billing#1", "child.billing#1"]
+    received = [e.event for e in history if isinstance(e.event, SignalReceived)]
+    assert len(received) == 5 and all(r.sender == "runifold" for r in received)
+    parent = (await store.get_run("p1")).run_id
+    for child in started:
+        info = await store.get_run(child.run_id)
+        assert info.checkpoint_id == child.checkpoint_id and info.checkpoint_id.startswith(f"child:{parent}:")
+        child_history = await entries(store, child.run_id)
+        first = child_history[0].event
+        assert isinstance(first, RunStarted) and first.parent_run_id == parent
+    # however often the parent replayed (it waited five times), each child ran once
+    assert await store.count_runs(name="billing") == 5
+    assert all(v == 1 for v in calls.values()) and len(calls) == 4  # o1 failed before its step
+    assert fold(history).children == {s.key: s.run_id for s in started}
+
+
+async def test_cancelling_a_parent_cancels_its_children(store: Any) -> None:
+    """A parent waiting on a child is cancelled: the child is cancelled too, with the parent named in the reason."""
+    await store.enqueue(WorkflowTask("waits-on-a-child", 1, {}, checkpoint_id="p2"))
+    await run_until(store, "p2", RunStatus.WAITING)
+    children = fold(await entries(store, "p2")).children
+    assert len(children) == 1
+    (child,) = children.values()
+    await run_until(store, child, RunStatus.WAITING)
+    await cancel_run(store, "p2", by="ops", reason="order withdrawn")
+    info = await store.get_run(child)
+    assert info.status is RunStatus.CANCELLED
+    assert "was cancelled: order withdrawn" in fold(await entries(store, child)).failure  # type: ignore[operator]
+
+
+async def test_a_cancelled_child_is_a_child_failure_in_the_parent(store: Any) -> None:
+    """An operator cancels the child: its parent wakes and receives ChildFailedError(status='cancelled')."""
+
+    await store.enqueue(WorkflowTask("waits-on-a-child", 1, {}, checkpoint_id="p3"))
+    await run_until(store, "p3", RunStatus.WAITING)
+    (child,) = fold(await entries(store, "p3")).children.values()
+    await run_until(store, child, RunStatus.WAITING)
+    await cancel_run(store, child, by="ops", reason="not needed")
+    await run_until(store, "p3", RunStatus.FAILED)
+    assert "child run" in (await store.get_run("p3")).reason and "cancelled" in (await store.get_run("p3")).reason
+
+
+async def test_a_child_signal_reaches_a_parent_that_did_not_wait_yet(store: Any) -> None:
+    """The child finishes before its parent waits for it: the parent's inbox keeps it, and the parent finishes."""
+    await store.enqueue(WorkflowTask("waits-on-a-child", 1, {}, checkpoint_id="p4"))
+    await run_until(store, "p4", RunStatus.WAITING)
+    (child,) = fold(await entries(store, "p4")).children.values()
+    await send_signal(store, child, "approve", "a1")
+    await run_until(store, "p4", RunStatus.COMPLETED)
+    assert (await store.get_run(child)).status is RunStatus.COMPLETED
