@@ -490,6 +490,11 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
-@functools.lru_cache(maxsize=4096)
 def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn)
+    """Whether ``fn`` is a coroutine function (remembered on plain functions: a step's body is asked once per call)."""
+    known = getattr(fn, "__runifold_is_async__", None)
+    if known is None:
+        known = inspect.iscoroutinefunction(fn)
+        if inspect.isfunction(fn):
+            fn.__runifold_is_async__ = known  # type: ignore[attr-defined]
+    return bool(known)
