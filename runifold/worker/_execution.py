@@ -118,7 +118,7 @@ from runifold.worker._outcome import (
     Suspended,
     SuspendReason,
 )
-from runifold.worker._registry import bind_input
+from runifold.worker._registry import WorkflowRegistry, bind_input, with_concurrency
 
 log = get_logger("runifold.worker")
 
@@ -146,8 +146,10 @@ class Execution(LiveProgress):
         live: Live | None,
         inbox: Sequence[InboxSignal] = (),
         worker_id: str = "",
+        registry: WorkflowRegistry | None = None,
     ) -> None:
         self.definition = definition
+        self._registry = registry  # the worker's: what child runs' definitions are
         self.run_id = run_id
         self.checkpoint_id = checkpoint_id
         self._live = live
@@ -191,11 +193,11 @@ class Execution(LiveProgress):
     @classmethod
     def live(
         cls, store: WorkflowStore, claim: Any, definition: WorkflowDefinition, entries: Sequence[Entry],
-        worker_id: str, lease_seconds: float, renew_every: float,
+        worker_id: str, lease_seconds: float, renew_every: float, registry: WorkflowRegistry | None = None,
     ) -> Execution:
         """An execution of a claimed run."""
         io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries)
-        return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id)
+        return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id, registry)
 
     # -- what WorkflowContext and the decorators call (the Driver protocol) ---------------
 
@@ -234,18 +236,23 @@ class Execution(LiveProgress):
         spec = getattr(workflow, WORKFLOW_ATTR, None)
         if isinstance(spec, WorkflowSpec):
             name, version = spec.name, spec.version if version is None else version
-            if version == spec.version:
-                bind_input(WorkflowDefinition(workflow), dict(input))
         elif isinstance(workflow, str) and version is not None:
             name = workflow
         else:
             raise ConfigurationError(
                 f"start_child() takes a @workflow function, or a workflow name with version=, got {workflow!r}")
+        # the child's code, as this worker knows it: its input is checked, and its definition's limit applies
+        definition = self._registry.get(name, version) if self._registry is not None else None
+        if definition is None and isinstance(spec, WorkflowSpec) and version == spec.version:
+            definition = WorkflowDefinition(workflow)
+        if definition is not None:
+            bind_input(definition, dict(input))
         # invariant: the child's checkpoint id follows from this run and the call, so a replay that starts the
         # child again finds the same run (key: the one this call is about to get)
         key = scope.peek(f"child.{name}")
-        return WorkflowTask(name, version, dict(input), checkpoint_id or f"child:{self.run_id}:{key}",
+        task = WorkflowTask(name, version, dict(input), checkpoint_id or f"child:{self.run_id}:{key}",
                             parent_run_id=self.run_id)
+        return task if definition is None else with_concurrency(definition, task)
 
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         key = scope.key(kind)

@@ -83,7 +83,7 @@ class WorkflowWorker:
             entries = [Entry(row.seq, row.at, decode_event(row.body, where=f"{claim.run_id}#{row.seq}"))
                        for row in claim.history]
             execution = Execution.live(self.store, claim, definition, entries, str(self.worker_id),
-                                       self.lease.seconds, self.renew_every.total_seconds())
+                                       self.lease.seconds, self.renew_every.total_seconds(), self.registry)
         except SerializationError:
             await self.store.release(claim.lease)
             self._skip(claim.run_id)

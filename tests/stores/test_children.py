@@ -79,7 +79,12 @@ async def waits_on_a_child(ctx: WorkflowContext) -> str:
     return await ctx.run_child(approved_billing, {"order_id": "x"})
 
 
-registry = WorkflowRegistry(WorkflowDefinition(billing), WorkflowDefinition(orders),
+@workflow("limited-parent")
+async def limited_parent(ctx: WorkflowContext) -> str:
+    return await ctx.run_child(approved_billing, {"order_id": "y"})
+
+
+registry = WorkflowRegistry(WorkflowDefinition(billing), WorkflowDefinition(orders), WorkflowDefinition(limited_parent),
                             WorkflowDefinition(approved_billing, signals={"approve": {"*"}}),
                             WorkflowDefinition(waits_on_a_child))
 
@@ -158,3 +163,18 @@ async def test_a_child_signal_reaches_a_parent_that_did_not_wait_yet(store: Any)
     await send_signal(store, child, "approve", "a1")
     await run_until(store, "p4", RunStatus.COMPLETED)
     assert (await store.get_run(child)).status is RunStatus.COMPLETED
+
+
+async def test_a_child_run_gets_its_definitions_concurrency_limit(store: Any) -> None:
+    """A child whose registered definition names a concurrency limit is started with it, like any started run."""
+    from runifold import ConcurrencyLimit
+
+    limited = WorkflowRegistry(WorkflowDefinition(limited_parent),
+                               WorkflowDefinition(approved_billing, signals={"approve": {"*"}},
+                                                  concurrency=ConcurrencyLimit(1, key="billing-desk")))
+    await store.enqueue(WorkflowTask("limited-parent", 1, {}, checkpoint_id="p5"))
+    w = worker(store, *[limited.definition_for(n, v) for n, v in limited.versions()])
+    await w.run_once()
+    (child,) = fold(await entries(store, "p5")).children.values()
+    info = await store.get_run(child)
+    assert (info.concurrency_key, info.concurrency_limit) == ("billing-desk", 1)
