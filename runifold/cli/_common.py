@@ -13,6 +13,9 @@ from typing import Any
 
 import msgspec
 
+from runifold.errors import SerializationError
+from runifold.history import encode_value
+
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
 from runifold.worker import WorkflowRegistry
@@ -70,9 +73,11 @@ def registry_of(args: argparse.Namespace) -> WorkflowRegistry:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"cannot import {module_name!r} for --app: {exc}") from exc
-    registry = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise UsageError(f"module {module_name!r} has no {attribute!r} for --app; name the WorkflowRegistry it defines")
+    registry = getattr(module, attribute)
     if not isinstance(registry, WorkflowRegistry):
-        raise UsageError(f"{args.app} is not a WorkflowRegistry")
+        raise UsageError(f"{args.app} is a {type(registry).__name__}, not a WorkflowRegistry")
     return registry
 
 
@@ -119,7 +124,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
 
 
 def compact(value: Any, limit: int = 80) -> str:
-    return printable(clip(msgspec.json.encode(value).decode(), limit))
+    try:
+        text = encode_value(value, what="the value").decode()  # the one codec: pydantic models too
+    except SerializationError:
+        text = repr(value)
+    return printable(clip(text, limit))
 
 
 def seconds(value: str) -> float:

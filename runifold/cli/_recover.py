@@ -85,7 +85,8 @@ async def retry_cmd(args: argparse.Namespace) -> int:
     else:
         done = sum(r["retried"] for r in results)
         print(f"{done} failed run(s) of {printable(args.name)} retried" + (
-            f", {len(results) - done} skipped" if done < len(results) else ""))
+            f", {len(results) - done} skipped" if done < len(results) else "")
+            + ("" if results else " (no failed runs of that name: check it with `runifold runs list --name ...`)"))
     return 0 if all(r["retried"] for r in results) else 1
 
 

@@ -91,7 +91,7 @@ async def runs_list(args: argparse.Namespace) -> int:
            "reason"],
           [[r.run_id, r.checkpoint_id, f"{r.name} v{r.version}", r.status, when(r.created_at), when(finished_at(r)),
             duration(None if finished_at(r) is None else r.updated_at - r.created_at), when(r.due_at),
-            r.lease_owner, clip(r.reason, 40)] for r in runs])
+            r.lease_owner, clip(_reason(r), 40)] for r in runs])
     which = " ".join(f"--{k} {v}" for k, v in (("status", args.status), ("name", args.name),
                                                ("version", args.version)) if v is not None)
     shown = f"{len(runs)} run(s) shown of {total}{' ' + which if which else ''}, newest first"
@@ -127,6 +127,11 @@ def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | Effec
     calls = [e.event for e in entries if isinstance(e.event, (StepFailed, EffectFailed)) and last.key
              and e.event.key == last.key]
     return last, calls[-1] if calls else None
+
+
+def _reason(info: RunInfo) -> str:
+    """Why the run stands where it stands; a running run's reason is that of its last stop: not shown."""
+    return "" if info.status is RunStatus.RUNNING else info.reason
 
 
 def show_json(info: RunInfo, entries: list[Entry], checkpoint: Checkpoint,
@@ -165,21 +170,25 @@ async def runs_show(args: argparse.Namespace) -> int:
            f"lease       {info.lease_owner or '-'} until {when(info.lease_until)} (token {info.lease_token})"]
     if info.status in (RunStatus.READY, RunStatus.WAITING, RunStatus.DIVERGED):
         out.append(f"due         {when(info.due_at)}")
-    if info.reason:
-        out.append(f"reason      {printable(info.reason)}")
+    if _reason(info):
+        out.append(f"reason      {printable(_reason(info))}")
     if checkpoint.parent_run_id:
         out.append(f"parent      {checkpoint.parent_run_id}")
     out += [f"child       {printable(key)} -> {child.run_id} ({child.name} v{child.version}, {child.status})"
             for key, child in children.items()]
     usage = checkpoint.usage
+    recovered = f" + {info.recoveries} recoveries" if info.recoveries else ""
 
     def of(limit: float | None) -> str:
         return "" if budget is None else f" of {'unlimited' if limit is None else f'{limit:g}'}"
 
     limits = (of(budget.max_steps), of(budget.max_effect_attempts), of(budget.max_retries),
               of(budget.max_cost_units)) if budget else ("", "", "", "")
-    out.append(f"usage       steps {usage.steps}{limits[0]}, effect attempts {usage.effect_attempts}{limits[1]}, "
+    out.append(f"usage       steps {usage.steps}{recovered}{limits[0]}, effect attempts {usage.effect_attempts}{limits[1]}, "
                f"retries {usage.retries}{limits[2]}, cost units {usage.cost_units:g}{limits[3]}")
+    if info.recoveries:
+        out.append(f"recoveries  {info.recoveries}{of(budget.max_recoveries) if budget else ''} (claims that took the "
+                   "run over from an expired lease; each counts as a step)")
     out.append("outputs")
     out += [f"  {printable(key):<28} {compact(value)}" for key, value in checkpoint.outputs.items()]
     out += [f"waiting     {wait.kind} {printable(wait.key)} {printable(wait.signal or '')} until {when(wait.until)}"

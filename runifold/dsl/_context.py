@@ -152,6 +152,8 @@ class WorkflowContext:
 
     async def sleep(self, delay: timedelta) -> None:
         """Suspend the run for ``delay``; no process waits meanwhile."""
+        if not isinstance(delay, timedelta):
+            raise ConfigurationError(f"ctx.sleep takes a timedelta (e.g. timedelta(seconds=5)), got {delay!r}")
         b = _binding()
         await b.driver.sleep(b.scope, delay.total_seconds(), None)
 
@@ -174,6 +176,8 @@ class WorkflowContext:
                 the signal is consumed.
         """
         check_signal_name(name)
+        if timeout is not None and not isinstance(timeout, timedelta):
+            raise ConfigurationError(f"wait_signal's timeout is a timedelta (e.g. timedelta(days=2)), got {timeout!r}")
         b = _binding()
         seconds = None if timeout is None else timeout.total_seconds()
         return await b.driver.wait_signal(b.scope, name, seconds, type)

@@ -22,6 +22,7 @@ from runifold.history._calls import (
 )
 from runifold.history._checkpoint import Checkpoint, Phase, Usage, Wait, fold
 from runifold.history._codec import (
+    accept,
     convert,
     decode_event,
     encode_event,
@@ -63,7 +64,7 @@ from runifold.history._events import (
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "TERMINAL_EVENTS", "Ambiguous", "AnyEvent", "CallKind", "Checkpoint", "ChildStarted", "Done",
+    "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallKind", "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",
     "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",

@@ -160,6 +160,8 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
             pending[key] = "in doubt"
         elif isinstance(state, Done):
             outputs[key] = state.output
+    if phase in (Phase.COMPLETED, Phase.FAILED, Phase.CANCELLED):
+        waits.clear()  # a finished run waits for nothing (a wait its code abandoned stays open in the log)
     if phase is Phase.RUNNING:
         if any(status == "ambiguous" for status in pending.values()):
             phase = Phase.PARKED

@@ -77,7 +77,7 @@ def encode_value(value: Any, *, what: str) -> bytes:
     if b"null" in raw and _non_finite(msgspec.to_builtins(value, enc_hook=_enc_hook)):
         raise SerializationError(
             f"{what} cannot be recorded: it holds NaN or an infinity, which JSON cannot represent; "
-            "return None or a string for a missing or unbounded number"
+            "use None or a string for a missing or unbounded number"
         )
     return raw
 
@@ -137,7 +137,7 @@ def convert(value: Any, type_: Any, *, what: str) -> Any:
         return _to_type(value, type_)
     except ValueError as exc:  # msgspec.ValidationError and pydantic.ValidationError are ValueErrors
         raise SerializationError(
-            f"recorded value of {what} does not fit its annotated type {_name(type_)} ({exc}); "
+            f"recorded value of {what} does not fit its annotated type {_name(type_)} ({brief(exc)}); "
             "the type changed incompatibly: register the change as a new version"
         ) from exc
 
@@ -158,23 +158,48 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     except ValueError as exc:
         raise SerializationError(
             f"{what} returned a {type(value).__name__} that does not fit its annotated type "
-            f"{_name(type_)} ({exc}); return that type or fix the annotation"
+            f"{_name(type_)} ({brief(exc)}); return that type or fix the annotation"
         ) from exc
     try:
         same = bool(live == value)
     except Exception:  # a value whose == raises (arrays, ...) cannot be checked, so not trusted
         same = False
     if not same:
-        hint = (
-            f"annotate the return type (e.g. -> {type(value).__name__}) or return plain JSON data"
-            if type_ is Any
-            else f"return a value of type {_name(type_)} that compares equal after a JSON round trip"
-        )
+        if type_ is not Any:
+            hint = f"return a value of type {_name(type_)} that compares equal after a JSON round trip"
+        elif isinstance(value, dict) and any(not isinstance(k, str) for k in value):
+            hint = "JSON object keys are strings: annotate the key type (e.g. -> dict[int, str]) or use string keys"
+        else:
+            hint = f"annotate the return type (e.g. -> {type(value).__name__}) or return plain JSON data"
         raise SerializationError(
             f"{what} returned {_describe(value)}, which would come back from the log as "
             f"{_describe(live)}; a replay must see what the live call saw: {hint}"
         )
     return plain, live
+
+
+def accept(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
+    """Like :func:`record`, for a value that arrives as data rather than from code: an operator's
+    resolution, a reconcile function's evidence. It is read as its JSON data of ``type_`` first (a dict
+    for a model, a list for a tuple), then recorded exactly.
+
+    Raises:
+        SerializationError: it cannot be encoded, or its data does not fit ``type_``.
+    """
+    if type_ is Any:
+        return record(value, type_, what=what)
+    return record(convert(to_plain(value, what=what), type_, what=what), type_, what=what)
+
+
+def brief(exc: BaseException) -> str:
+    """A validation error in one line: pydantic's field by field, msgspec's as it is."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in errors())[:300]
+        except Exception:  # not pydantic's errors(): fall back to the message
+            pass
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def _name(type_: Any) -> str:

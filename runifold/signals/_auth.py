@@ -30,6 +30,8 @@ from typing import Any, Protocol, final
 
 import msgspec
 
+from runifold.history import to_plain
+
 from runifold._log import get_logger
 from runifold.errors import ConfigurationError, SignalRejectedError
 
@@ -53,8 +55,9 @@ class SignalEnvelope(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def payload_hash(payload: Any) -> str:
-    """Return ``sha256:<hex>`` of the payload's canonical JSON (sorted keys)."""
-    return "sha256:" + hashlib.sha256(msgspec.json.encode(payload, order="sorted")).hexdigest()
+    """Return ``sha256:<hex>`` of the payload's canonical JSON (sorted keys; models as their JSON data)."""
+    plain = to_plain(payload, what="the signal's payload")
+    return "sha256:" + hashlib.sha256(msgspec.json.encode(plain, order="sorted")).hexdigest()
 
 
 def canonical_bytes(envelope: SignalEnvelope) -> bytes:
@@ -224,7 +227,9 @@ class HmacKeyRing:
         """Return the newest unrevoked key id of ``sender`` (for signing)."""
         ids = [k for k, key in self._keys.items() if key.sender == sender and not key.revoked]
         if not ids:
-            raise ConfigurationError(f"no unrevoked key for sender {sender!r} in the key ring")
+            raise ConfigurationError(
+                f"no unrevoked key for sender {sender!r} here: the key file names "
+                f"{sorted({k.sender for k in self._keys.values()}) or 'no sender'}; sign with that sender's own key file")
         return ids[-1]
 
     def secret_of(self, key_id: str) -> bytes:

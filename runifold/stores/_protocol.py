@@ -368,9 +368,10 @@ class WorkflowStore(Protocol):
         ...
 
     async def intervene(
-        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
+        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
+        reason: str = "",
     ) -> CommitResult:
-        """An operator's append (cancel, resolve, retry): fences off any lease holder."""
+        """An operator's append (cancel, resolve, retry): fences off any lease holder; ``reason`` becomes the run's."""
         ...
 
     async def wake(self, run_ref: str) -> RunInfo:

@@ -40,6 +40,7 @@ from runifold.stores._protocol import (
     Transition,
     WorkflowTask,
     clean_audit,
+    clean_text,
     new_run_id,
     ref_column,
     transition_columns,
@@ -295,7 +296,8 @@ class MemoryWorkflowStore:
         self._schedule(run, now)
 
     async def intervene(
-        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
+        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
+        reason: str = "",
     ) -> CommitResult:
         run = self._find(run_ref)
         refused = _rule.intervene_refusal(run.run_id, run.status, allowed)
@@ -305,7 +307,7 @@ class MemoryWorkflowStore:
         result = self._append(run, events, now)
         run.lease_token += 1  # fences off any current holder
         self._clear_lease(run)
-        run.status = status
+        run.status, run.reason = status, clean_text(reason)
         self._schedule(run, _rule.intervene_due(status, now))
         self._notify_parent(run, events, now)
         if run.concurrency_key is not None:

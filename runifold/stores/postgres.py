@@ -62,6 +62,7 @@ from runifold.stores._protocol import (
     Transition,
     WorkflowTask,
     clean_audit,
+    clean_text,
     new_run_id,
     ref_column,
     transition_columns,
@@ -388,11 +389,12 @@ class PostgresWorkflowStore:
                          budget=min(self._retry_seconds, self._command_timeout, RELEASE_SECONDS))
 
     async def intervene(
-        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
+        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
+        reason: str = "",
     ) -> CommitResult:
         row = await self._call(lambda conn: conn.fetchrow(
             Q["intervene"], ref_column(run_ref), run_ref, sorted(str(s) for s in allowed), [e.type for e in events],
-            [e.key for e in events], [e.body.decode() for e in events], str(status)))
+            [e.key for e in events], [e.body.decode() for e in events], str(status), clean_text(reason)))
         if row is None:
             raise RunNotFoundError(run_ref)
         if row["new_revision"] is None:

@@ -61,6 +61,7 @@ from runifold.stores._protocol import (
     Transition,
     WorkflowTask,
     clean_audit,
+    clean_text,
     new_run_id,
     ref_column,
     transition_columns,
@@ -489,7 +490,8 @@ class SqliteWorkflowStore:
             self._leases.pop(lease.run_id, None)
 
     async def intervene(
-        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus
+        self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
+        reason: str = "",
     ) -> CommitResult:
         def op(conn: sqlite3.Connection) -> CommitResult:
             info = _run_info(_find(conn, run_ref))
@@ -499,7 +501,8 @@ class SqliteWorkflowStore:
             now = self._clock()
             revision = info.revision + len(events)
             _insert_events(conn, info.run_id, info.revision + 1, events, now)
-            conn.execute(Q["intervene"], (revision, now, status, _rule.intervene_due(status, now), info.run_id))
+            conn.execute(Q["intervene"], (revision, now, status, _rule.intervene_due(status, now), clean_text(reason),
+                                          info.run_id))
             _notify_parent(conn, info.run_id, status, events, now)
             return CommitResult(revision, now)
 

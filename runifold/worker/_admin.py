@@ -20,8 +20,8 @@ from runifold.history import (
     RunRetried,
     decode_event,
     effect_state,
+    accept,
     fold,
-    record,
 )
 from runifold.history import EffectResolved as EffectResolvedEvent
 from runifold.stores import CommitResult, EventRow, RunStatus, WorkflowStore
@@ -82,9 +82,10 @@ async def resolve_effect(
     if resolution is Resolution.APPLIED:
         definition = registry.definition_for(info.name, info.version)
         returns = await call_returns(definition, info.run_id, history, key)
-        plain, _ = record(output, returns, what=f"the resolution of effect {key}")
+        plain, _ = accept(output, returns, what=f"the resolution of effect {key}")
     event = EffectResolvedEvent(key=key, resolution=resolution, by=by, reason=reason, output=plain)
-    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.READY)
+    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.READY,
+                                   f"effect {key} resolved as {resolution} by {by}: {reason}")
     log.info("effect_resolved", run_ref=run_ref, key=key, resolution=str(resolution), by=by)
     return result
 
@@ -106,7 +107,8 @@ async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str
     if info.status is RunStatus.CANCELLED:
         return CommitResult(info.revision, info.updated_at)
     event = RunCancelled(by=by, reason=reason)
-    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED)
+    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED,
+                                   f"cancelled by {by}: {reason}")
     log.info("run_cancelled", run_ref=run_ref, by=by)
     for child in fold(await _history(store, info.run_id)).children.values():
         if not (await store.get_run(child)).status.finished:
@@ -131,10 +133,10 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
     history = await _history(store, run_ref)
     last = history[-1].event
     if not isinstance(last, RunFailed):
-        raise InvalidStateError(
-            f"run {run_ref} has not failed ({fold(history).phase}); only failed runs can be retried"
-        )
+        status = (await store.get_run(run_ref)).status
+        raise InvalidStateError(f"run {run_ref} has not failed (it is {status}); only failed runs can be retried")
     event = RunRetried(key=last.key, by=by, reason=reason)
-    result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY)
+    result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY,
+                                   f"retried by {by}: {reason}")
     log.info("run_retried", run_ref=run_ref, key=last.key, by=by)
     return result

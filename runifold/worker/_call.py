@@ -92,6 +92,8 @@ def why(call: Call) -> str:
     if call.parked is not None:
         return f"effect {call.key} is ambiguous: {call.parked}"
     match call.kind:
+        case CallKind.SIGNAL if call.name.startswith("child:"):
+            return f"child run {call.name.removeprefix('child:')} to finish"
         case CallKind.SIGNAL:
             return f"signal {call.name!r} ({call.key})"
         case CallKind.TIMER:

@@ -52,6 +52,7 @@ from runifold.history import (
     StepFailed,
     TimerFired,
     Verdict,
+    accept,
     convert,
     record,
 )
@@ -445,7 +446,7 @@ class LiveProgress:
         self.log.info("effect_reconciled", key=key, verdict=evidence.verdict, detail=evidence.detail)
         if evidence.verdict == Verdict.APPLIED:
             try:
-                plain, live = record(evidence.result, call.returns, what=f"the evidence of effect {key}")
+                plain, live = accept(evidence.result, call.returns, what=f"the evidence of effect {key}")
             except SerializationError as err:
                 self._park(call, f"reconcile found it applied, with a result that cannot be recorded: {err}",
                            [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=str(err))])
@@ -480,8 +481,13 @@ async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         if _is_async(fn):
             return await fn(*args, **kwargs)
         return await _call(fn, args, kwargs)
-    async with asyncio.timeout(timeout):
-        return await _call(fn, args, kwargs)
+    try:
+        async with asyncio.timeout(timeout):
+            return await _call(fn, args, kwargs)
+    except TimeoutError as exc:
+        if str(exc):
+            raise  # the body's own timeout, with its own message
+        raise TimeoutError(f"the attempt took longer than its timeout of {timeout:g} s") from None
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

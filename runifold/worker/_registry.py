@@ -9,6 +9,7 @@ from typing import Any, final
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import InvalidInputError, RegistrationError, SerializationError, UnknownWorkflowError
 from runifold.history import convert
+from runifold.history._codec import brief
 from runifold.stores import WorkflowTask
 
 
@@ -99,20 +100,10 @@ def bind_input(definition: WorkflowDefinition, data: dict[str, Any]) -> dict[str
             raise InvalidInputError(
                 f"input for workflow {definition.name!r} v{definition.version}: parameter {name!r} expects "
                 f"{getattr(types[name], '__name__', types[name])!r}, got {type(value).__name__} "
-                f"{str(value)[:60]!r} ({_first_line(exc.__cause__ or exc)})"
+                f"{str(value)[:60]!r} ({brief(exc.__cause__ or exc)})"
             ) from exc
     return kwargs
 
-
-def _first_line(exc: BaseException) -> str:
-    """A validation error in one line: pydantic's per field, msgspec's as it is."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in errors())[:300]
-        except Exception:  # not pydantic's errors(): fall back to the message
-            pass
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def _has_default(definition: WorkflowDefinition, param: str) -> bool:

@@ -101,7 +101,7 @@ WITH r AS (
 ) SELECT pg_notify('runifold_work', '') FROM r
 
 -- name: intervene
-SELECT run_id, status, new_revision, at FROM runifold_intervene($1, $2, $3, $4, $5, $6, $7)
+SELECT run_id, status, new_revision, at FROM runifold_intervene($1, $2, $3, $4, $5, $6, $7, $8)
 
 -- name: wake
 SELECT run_id, status, woken FROM runifold_wake($1, $2)

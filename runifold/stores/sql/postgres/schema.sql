@@ -474,7 +474,8 @@ $$;
 -- before (new_revision NULL: its status is not in p_allowed, nothing written);
 -- no row: no such run.
 CREATE FUNCTION runifold_intervene(
-    p_column text, p_ref text, p_allowed text[], p_types text[], p_keys text[], p_bodies text[], p_status text
+    p_column text, p_ref text, p_allowed text[], p_types text[], p_keys text[], p_bodies text[], p_status text,
+    p_reason text
 ) RETURNS TABLE (run_id text, status text, new_revision bigint, at double precision)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
@@ -493,7 +494,7 @@ BEGIN
     INSERT INTO runifold_events (run_id, seq, type, key, at, body)
     SELECT v_run.run_id, v_run.revision + x.ord, x.type, x.key, v_now, x.body
     FROM unnest(p_types, p_keys, p_bodies) WITH ORDINALITY AS x(type, key, body, ord);
-    UPDATE runifold_runs SET revision = v_run.revision + v_n, updated_at = v_now, status = p_status,
+    UPDATE runifold_runs SET revision = v_run.revision + v_n, updated_at = v_now, status = p_status, reason = p_reason,
         due_at = CASE WHEN p_status IN ('completed', 'failed', 'cancelled') THEN NULL ELSE v_now END,
         lease_token = lease_token + 1, lease_owner = NULL, lease_until = NULL
     WHERE run_id = v_run.run_id;

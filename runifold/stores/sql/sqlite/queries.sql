@@ -79,7 +79,7 @@ UPDATE runs SET status = 'ready', due_at = ?, lease_owner = NULL, lease_until = 
 WHERE run_id = ? AND status = 'running' AND lease_token = ?
 
 -- name: intervene
-UPDATE runs SET revision = ?, updated_at = ?, status = ?, due_at = ?, lease_token = lease_token + 1,
+UPDATE runs SET revision = ?, updated_at = ?, status = ?, due_at = ?, reason = ?, lease_token = lease_token + 1,
     lease_owner = NULL, lease_until = NULL
 WHERE run_id = ?
 

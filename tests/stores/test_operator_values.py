@@ -1,0 +1,133 @@
+"""What operators and senders hand in as data, on every store: resolutions and evidence as the JSON data of an
+effect's type, model payloads, and the reasons a run row shows after an operator acted."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pydantic
+import pytest
+
+from runifold import (
+    Completed,
+    EffectOutcomeUnknown,
+    Evidence,
+    Resolution,
+    ResumePolicy,
+    RunStatus,
+    Suspended,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    cancel_run,
+    effect,
+    resolve_effect,
+    workflow,
+)
+from runifold.history import fold
+from runifold.testing import WorkflowEnvironment
+from tests.support import entries, worker
+
+calls: Counter[str] = Counter()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    calls.clear()
+
+
+class Receipt(msgspec.Struct, frozen=True):
+    charge_id: str
+    amount: int
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def charge(key: str) -> Receipt:
+    raise EffectOutcomeUnknown("the gateway timed out")
+
+
+async def found(key: str) -> Evidence:
+    return Evidence.applied({"charge_id": "ch_found", "amount": 7})  # evidence arrives as data
+
+
+@effect(resume=ResumePolicy.RECONCILE, reconcile=found)
+async def reconciled_charge(key: str) -> Receipt:
+    raise EffectOutcomeUnknown("the gateway timed out")
+
+
+@workflow("charging-receipt")
+async def charging_receipt(ctx: WorkflowContext) -> Receipt:
+    return await charge()
+
+
+@workflow("reconciled-receipt")
+async def reconciled_receipt(ctx: WorkflowContext) -> Receipt:
+    return await reconciled_charge()
+
+
+async def test_an_applied_resolution_is_given_as_the_data_of_the_effects_type(store: Any) -> None:
+    """An operator resolves an effect returning a Struct with a dict (as the CLI's --applied JSON does)."""
+    definition = WorkflowDefinition(charging_receipt)
+    await store.enqueue(WorkflowTask("charging-receipt", 1, {}, checkpoint_id="r1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await resolve_effect(store, WorkflowRegistry(definition), "r1", "charge#1", Resolution.APPLIED, by="ops",
+                         reason="seen in the ledger", output={"charge_id": "ch_1", "amount": 5})
+    assert (await store.get_run("r1")).reason == "effect charge#1 resolved as applied by ops: seen in the ledger"
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == Receipt("ch_1", 5)
+
+
+async def test_evidence_of_an_applied_effect_may_be_data(store: Any) -> None:
+    """A reconcile function that finds the effect applied may return its result as data of the effect's type."""
+    await store.enqueue(WorkflowTask("reconciled-receipt", 1, {}, checkpoint_id="r2"))
+    done = await worker(store, WorkflowDefinition(reconciled_receipt)).run_once()
+    assert isinstance(done, Completed) and done.output == Receipt("ch_found", 7)
+
+
+async def test_a_cancelled_run_shows_who_cancelled_it_and_waits_for_nothing(store: Any) -> None:
+    """After a cancel, the run's reason says who and why, and its checkpoint lists no open wait."""
+    definition = WorkflowDefinition(waiting, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("waiting", 1, {}, checkpoint_id="c1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    assert fold(await entries(store, "c1")).waits  # waiting for "go"
+    await cancel_run(store, "c1", by="ops-carol", reason="customer withdrew")
+    info = await store.get_run("c1")
+    assert info.status is RunStatus.CANCELLED and info.reason == "cancelled by ops-carol: customer withdrew"
+    assert fold(await entries(store, "c1")).waits == []
+
+
+@workflow("waiting")
+async def waiting(ctx: WorkflowContext) -> str:
+    return str(await ctx.wait_signal("go", timeout=timedelta(days=1)))
+
+
+class Decision(pydantic.BaseModel):
+    approved: bool
+    by: str
+
+
+@workflow("deciding")
+async def deciding(ctx: WorkflowContext) -> str:
+    decision = await ctx.wait_signal("decision", type=Decision)
+    return f"{type(decision).__name__} approved={decision.approved} by {decision.by}"
+
+
+async def test_a_model_payload_travels_as_its_data_and_arrives_typed() -> None:
+    """A sender passes a pydantic model as the payload; the wait with type= gets it back as that model."""
+    async with WorkflowEnvironment(WorkflowDefinition(deciding, signals={"decision": {"alice"}})) as env:
+        run = await env.start(deciding)
+        await env.run_until_suspended(run)
+        await env.signal(run, "decision", Decision(approved=True, by="alice"), sender="alice")
+        assert await env.result(run) == "Decision approved=True by alice"
+        await env.assert_replays()
+
+
+def test_a_pydantic_result_prints_in_the_cli() -> None:
+    """The CLI's compact rendering of a value goes through the codec: a pydantic model prints as its JSON."""
+    from runifold.cli._common import compact
+
+    assert compact(Decision(approved=True, by="bob")) == '{"approved":true,"by":"bob"}'
