@@ -95,13 +95,17 @@ _TRANSIENT_CODES = {"40001", "40P01"}
 # errors of the connection rather than of the statement (InternalClientError: a connection
 # whose server went away between calls)
 _CONNECTION_ERRORS = (OSError, TimeoutError, asyncpg.exceptions.ConnectionDoesNotExistError,
-                      asyncpg.exceptions.InterfaceError, asyncpg.exceptions.InternalClientError)
-_DRIVER_ERRORS = (*_CONNECTION_ERRORS, asyncpg.PostgresError)
+                      asyncpg.exceptions.InternalClientError)
+_DRIVER_ERRORS = (*_CONNECTION_ERRORS, asyncpg.exceptions.InterfaceError, asyncpg.PostgresError)
 
 
-def _transient(exc: BaseException) -> bool:
+def _transient(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
     if isinstance(exc, _CONNECTION_ERRORS):
         return True
+    if isinstance(exc, asyncpg.exceptions.InterfaceError):
+        # "connection is closed" is the connection's; the rest (a wrong count of arguments, say)
+        # is the statement's, and retrying it would only hide the mistake for the whole budget
+        return conn is not None and conn.is_closed()
     code = getattr(exc, "sqlstate", None) or ""
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
 
@@ -267,7 +271,7 @@ class PostgresWorkflowStore:
                     conn = await self._pool.acquire()
                     value = await op(conn)
             except BaseException as exc:
-                lost = isinstance(exc, asyncio.CancelledError) or _transient(exc)
+                lost = isinstance(exc, asyncio.CancelledError) or _transient(exc, conn)
                 if conn is not None:
                     if lost:
                         conn.terminate()  # a statement may still run on it: never hand it out again

@@ -189,3 +189,15 @@ async def test_postgres_a_batch_of_claims_counts_the_runs_it_took(open_store: An
     # k0 and k1 fill the key; k2 is passed over and replaced by the next due run that may run: u0, not k3
     assert sorted(r["checkpoint_id"] for r in rows) == ["k0", "k1", "u0"]
     assert await store.count_runs(status=RunStatus.RUNNING) == 3
+
+
+async def test_postgres_a_mistake_in_a_statement_is_reported_at_once_not_retried(open_store: Any) -> None:
+    """A statement the driver refuses (a wrong count of arguments) is the statement's error, not an outage:
+    it is raised at once as a StoreError naming it, while the pool keeps working."""
+    from runifold.errors import StoreError, StoreUnavailableError
+
+    store = await open_store()
+    with pytest.raises(StoreError, match="expects 1 argument") as caught:
+        await store._call(lambda conn: conn.fetchval("SELECT $1::int", 1, 2), budget=30.0)
+    assert not isinstance(caught.value, StoreUnavailableError)  # what a retried error ends in
+    assert await store._call(lambda conn: conn.fetchval("SELECT 1")) == 1
