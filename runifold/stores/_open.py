@@ -18,9 +18,11 @@ async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
     in ``.db`` open the embedded SQLite store; ``postgresql://...`` (or
     ``postgres://``) opens PostgreSQL; ``memory:`` an in-memory store.
 
-    ``readonly=True``, or ``?mode=ro`` on a SQLite URL, opens a SQLite database
-    for commands that only read: it must exist, is never created or migrated,
-    and may sit on a read-only file system. Other stores ignore it.
+    ``readonly=True``, or ``?mode=ro`` on a SQLite URL, opens the store for
+    commands that only read: a SQLite database must exist, is never created or
+    migrated, and may sit on a read-only file system; a PostgreSQL schema must
+    exist at this runifold's version, is never created or migrated, and every
+    transaction is read-only. The memory store ignores it.
     """
     if url.startswith("sqlite://"):
         from runifold.stores.sqlite import SqliteWorkflowStore
@@ -35,7 +37,7 @@ async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
     if url.startswith(("postgresql://", "postgres://")):
         from runifold.stores.postgres import PostgresWorkflowStore
 
-        return await PostgresWorkflowStore.open(url)
+        return await PostgresWorkflowStore.open(url, readonly=readonly)
     if url == "memory:":
         from runifold.stores.memory import MemoryWorkflowStore
 

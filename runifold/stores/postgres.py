@@ -112,6 +112,8 @@ def _transient(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
 
 def _translate(exc: BaseException) -> StoreError:
     """The one place driver errors become runifold errors, by SQLSTATE."""
+    if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+        return StoreError("this PostgreSQL store was opened read-only; open it without readonly to write")
     if isinstance(exc, asyncpg.PostgresError):
         return StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}")
     return StoreError(f"PostgreSQL driver error: {exc!r}")
@@ -195,6 +197,7 @@ class PostgresWorkflowStore:
         poll_seconds: float = 5.0,
         command_timeout: float = 10.0,
         keepalive_seconds: float = 10.0,
+        readonly: bool = False,
     ) -> PostgresWorkflowStore:
         """Connect, then create or migrate the schema (safe when many workers start at once).
 
@@ -209,12 +212,15 @@ class PostgresWorkflowStore:
                 ``statement_timeout``).
             keepalive_seconds: a connection silent this long is probed, and data
                 unacknowledged this long drops it.
+            readonly: read only: the schema must exist at this runifold's version and
+                is never created or migrated, every transaction is read-only (a role
+                with SELECT rights suffices), and writes raise :class:`StoreError`.
 
         Raises:
             StoreUnavailableError: the server cannot be reached.
             StoreError: its schema is newer than this runifold.
         """
-        pool = _Pool(dsn, max_size, command_timeout, keepalive_seconds)
+        pool = _Pool(dsn, max_size, command_timeout, keepalive_seconds, readonly)
         try:
             for conn in [await asyncio.wait_for(pool.acquire(), retry_seconds) for _ in range(max(1, min_size))]:
                 pool.release(conn)
@@ -227,11 +233,30 @@ class PostgresWorkflowStore:
         store = cls(dsn, pool, retry_seconds=retry_seconds, poll_seconds=poll_seconds,
                     command_timeout=command_timeout, keepalive_seconds=keepalive_seconds)
         try:
-            await store.migrate()
+            await (store._check_schema() if readonly else store.migrate())
         except BaseException:
             await pool.close()
             raise
         return store
+
+    async def _check_schema(self) -> None:
+        """For a read-only store: the schema is there, at the version this runifold writes."""
+        where = f"PostgreSQL at {_redact(self.dsn)}"
+
+        async def version(conn: asyncpg.Connection) -> int:
+            if await conn.fetchval(Q["has_schema_table"]) is None:
+                return 0
+            return int(await conn.fetchval(Q["schema_version"]))
+
+        current = await self._call(version)
+        if current == 0:
+            raise StoreError(f"{where} has no runifold schema; check the URL, or run `runifold migrate` "
+                             "(or start a worker) with a role that may create tables")
+        if current > SCHEMA_VERSION:
+            raise newer_schema(where, current, SCHEMA_VERSION)
+        if current < SCHEMA_VERSION:
+            raise StoreError(f"the runifold schema of {where} is version {current}, older than this runifold's "
+                             f"({SCHEMA_VERSION}); run `runifold migrate` (or start a worker) to migrate it")
 
     async def migrate(self) -> int:
         """Apply pending schema migrations under an advisory lock; return the schema version."""
@@ -664,8 +689,13 @@ class _Pool:
     connections never change session state, so a released one needs no reset.
     """
 
-    def __init__(self, dsn: str, size: int, command_timeout: float, keepalive_seconds: float) -> None:
+    def __init__(self, dsn: str, size: int, command_timeout: float, keepalive_seconds: float,
+                 readonly: bool = False) -> None:
         self._dsn = dsn
+        self._settings = {"statement_timeout": str(int(command_timeout * 1000)), "application_name": APPLICATION,
+                          "plan_cache_mode": PLAN_CACHE_MODE}
+        if readonly:
+            self._settings["default_transaction_read_only"] = "on"
         self._size = size
         self._command_timeout = command_timeout
         self._keepalive = _keepalive(keepalive_seconds)
@@ -695,9 +725,7 @@ class _Pool:
         self._opening += 1
         try:
             conn = await asyncpg.connect(
-                self._dsn, timeout=self._command_timeout,
-                server_settings={"statement_timeout": str(int(self._command_timeout * 1000)),
-                                 "application_name": APPLICATION, "plan_cache_mode": PLAN_CACHE_MODE})
+                self._dsn, timeout=self._command_timeout, server_settings=self._settings)
             await self._keepalive(conn)
         except BaseException:
             self._opening -= 1

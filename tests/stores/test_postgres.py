@@ -201,3 +201,52 @@ async def test_postgres_a_mistake_in_a_statement_is_reported_at_once_not_retried
         await store._call(lambda conn: conn.fetchval("SELECT $1::int", 1, 2), budget=30.0)
     assert not isinstance(caught.value, StoreUnavailableError)  # what a retried error ends in
     assert await store._call(lambda conn: conn.fetchval("SELECT 1")) == 1
+
+
+async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_writes(
+    open_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``readonly=True`` (what the commands that only read use) needs the schema at this version, creates
+    nothing, and turns every write into a StoreError that says so; reads work."""
+    import os
+
+    import asyncpg
+
+    from runifold.errors import StoreError
+    from runifold.stores import open_store as open_url
+    from runifold.stores import postgres
+
+    store = await open_store()
+    run = (await store.enqueue(WorkflowTask("wf", 1, {"x": 1}))).run_id
+    dsn = store.dsn
+    reader = await open_url(dsn, readonly=True)
+    try:
+        assert (await reader.get_run(run)).name == "wf"
+        assert [e.key for e in await reader.history(run)] == [""]
+        with pytest.raises(StoreError, match="opened read-only"):
+            await reader.enqueue(WorkflowTask("wf", 1, {}))
+    finally:
+        await reader.close()
+    assert await store.count_runs() == 1
+
+    # an empty database: refused, and left empty; a schema behind this runifold's: refused, left as it is
+    name = f"runifold_readonly_{os.getpid()}"
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+    await admin.execute(f"CREATE DATABASE {name}")
+    empty = f"{dsn.rsplit('/', 1)[0]}/{name}"  # the test server's URL, another database
+    try:
+        with pytest.raises(StoreError, match="has no runifold schema.*runifold migrate"):
+            await open_url(empty, readonly=True)
+        probe = await asyncpg.connect(empty)
+        assert await probe.fetchval("SELECT to_regclass('runifold_schema')") is None
+        await (await postgres.PostgresWorkflowStore.open(empty)).close()
+        behind = await probe.fetchval("SELECT max(version) FROM runifold_schema")
+        monkeypatch.setattr(postgres, "SCHEMA_VERSION", behind + 1)  # as a newer runifold would see it
+        with pytest.raises(StoreError, match=f"version {behind}, older.*runifold migrate"):
+            await open_url(empty, readonly=True)
+        assert await probe.fetchval("SELECT max(version) FROM runifold_schema") == behind
+        await probe.close()
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()

@@ -7,6 +7,9 @@ SELECT pg_advisory_xact_lock(1920298601)
 -- name: create_schema_table
 CREATE TABLE IF NOT EXISTS runifold_schema (version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())
 
+-- name: has_schema_table
+SELECT to_regclass('runifold_schema')
+
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM runifold_schema
 
