@@ -172,6 +172,8 @@ async def runs_show(args: argparse.Namespace) -> int:
         out.append(f"due         {when(info.due_at)}")
     if _reason(info):
         out.append(f"reason      {printable(_reason(info))}")
+    if info.concurrency_key is not None:
+        out.append(f"concurrency key {printable(info.concurrency_key)}, at most {info.concurrency_limit} running at once")
     if checkpoint.parent_run_id:
         out.append(f"parent      {checkpoint.parent_run_id}")
     out += [f"child       {printable(key)} -> {child.run_id} ({child.name} v{child.version}, {child.status})"

@@ -70,7 +70,8 @@ def test_schedule_list_opens_the_store_read_only(cli: Cli) -> None:
 
 
 def test_enqueue_takes_a_concurrency_key(any_cli: Cli) -> None:
-    """enqueue --concurrency-key/--concurrency-limit keeps them on the run; one without the other is refused."""
+    """enqueue --concurrency-key/--concurrency-limit keeps them on the run (runs show gives them); one without
+    the other is refused."""
     cli = any_cli
     done = cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "k1", "--concurrency-key", "pay",
                "--concurrency-limit", "2")
@@ -87,3 +88,5 @@ def test_enqueue_takes_a_concurrency_key(any_cli: Cli) -> None:
         return info.concurrency_key, info.concurrency_limit, info.status
 
     assert asyncio.run(key()) == ("pay", 2, RunStatus.READY)
+    shown = cli("runs", "show", "k1")
+    assert "concurrency key pay, at most 2 running at once" in shown.stdout, shown.stdout

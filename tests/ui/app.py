@@ -138,8 +138,10 @@ def _worker(store: WorkflowStore, workflows: WorkflowRegistry) -> WorkflowWorker
                           timedelta(seconds=10))
 
 
-async def _enqueue(store: WorkflowStore, name: str, checkpoint_id: str, **data: Any) -> None:
-    await store.enqueue(registry.validate(WorkflowTask(name, 1, data, checkpoint_id)))
+async def _enqueue(store: WorkflowStore, name: str, checkpoint_id: str, key: str | None = None,
+                   **data: Any) -> None:
+    await store.enqueue(registry.validate(WorkflowTask(name, 1, data, checkpoint_id, concurrency_key=key,
+                                                       concurrency_limit=2 if key else None)))
 
 
 async def _until(store: WorkflowStore, worker: WorkflowWorker, targets: dict[str, RunStatus]) -> None:
@@ -196,7 +198,7 @@ async def fill(store: WorkflowStore, *, bulk_runs: int = BULK) -> Filled:
     await _enqueue(store, "steps", "order-running", n=7)  # after the workers: nobody drives it
     claim = await store.claim("ui-test-holder", {"steps"}, 3_600)  # held, never driven: running
     assert claim is not None and claim.checkpoint_id == "order-running"
-    await _enqueue(store, "steps", "order-ready", n=6)  # after the claim: nobody claims it
+    await _enqueue(store, "steps", "order-ready", key="orders", n=6)  # after the claim: nobody claims it
     filled.refs = {RunStatus.COMPLETED: "order-done", RunStatus.WAITING: "approve-waiting",
                    RunStatus.FAILED: "parse-failed", RunStatus.PARKED: "pay-parked",
                    RunStatus.DIVERGED: "evolving-diverged", RunStatus.CANCELLED: "order-cancelled",

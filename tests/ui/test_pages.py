@@ -126,7 +126,8 @@ def test_parked_run_shows_its_ambiguous_effect_with_evidence(served: Served, pag
 
 
 def test_run_pages_show_waits_who_resumed_and_the_replay_verdict(served: Served, page: Any) -> None:
-    """Open waits with their due time; who signaled a run and why; who cancelled one; a diverged run's first key."""
+    """Open waits with their due time; who signaled a run and why; who cancelled one; a diverged run's first key;
+    a run's concurrency key and limit."""
     page.goto(served.url + "run?ref=approve-waiting")
     [wait] = rows(page, "#waits")
     assert wait["kind"] == "signal" and wait["signal"] == "approval" and ISO.match(wait["until (UTC)"])
@@ -149,6 +150,9 @@ def test_run_pages_show_waits_who_resumed_and_the_replay_verdict(served: Served,
     page.goto(served.url + "run?ref=order-done")
     assert page.locator("#replay-verdict").inner_text() == "clean: code and history agree to the end"
     assert page.locator("#parent").count() == 0  # no parent reference in its run_started: nothing shown
+    assert page.locator("#concurrency").count() == 0  # enqueued without a concurrency key
+    page.goto(served.url + "run?ref=order-ready")
+    assert page.locator("#concurrency").inner_text() == "key orders · at most 2 running at once"
 
 
 def test_a_parent_and_its_child_link_to_each_other(served: Served, page: Any) -> None:
