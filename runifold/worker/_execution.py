@@ -28,7 +28,8 @@ recorded by one branch while another commits are buffered and go into the
 next commit; nothing buffered is dropped.
 
 The debugger (:mod:`runifold.worker._debug`) is this same driver with no store:
-it stops where the history ends.
+it stops where the history ends. The replay half is in
+:mod:`runifold.worker._replaying`, the live half in :mod:`runifold.worker._progress`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, assert_never
+from typing import Any
 
 import structlog
 from runifold._log import get_logger
@@ -57,42 +58,22 @@ from runifold.errors import (
     StepFailedError,
     StoreError,
     StoreUnavailableError,
-    WaitTimeoutError,
     describe,
     traceback_of,
     type_name,
 )
 from runifold.history import (
     AnyEvent,
-    Ambiguous,
     CallKind,
-    Done,
-    ChildStarted,
     Entry,
-    Failed,
-    Fresh,
-    InDoubt,
     Replayer,
-    RetryDue,
     RunCompleted,
     RunFailed,
-    SignalWaitStarted,
-    StepFailed,
-    TimerDone,
-    TimerPending,
-    TimerStarted,
     UsageCharged,
     ValueRecorded,
-    WaitPending,
-    WaitReceived,
-    WaitTimedOut,
     convert,
-    effect_state,
     fold,
     record,
-    step_state,
-    timer_state,
-    wait_state,
 )
 from runifold.stores import (
     Continue,
@@ -109,6 +90,7 @@ from runifold.stores import (
 from runifold.worker._call import Call, Live, ReplayReport, Usage, why
 from runifold.worker._loop import WorkflowLoop
 from runifold.worker._progress import LiveProgress
+from runifold.worker._replaying import Replaying
 from runifold.worker._outcome import (
     Completed,
     Failed as FailedOutcome,
@@ -134,7 +116,7 @@ class _Stop(Exception):
     """Ends the driver: the lease is lost or the store failed. Never reaches workflow code."""
 
 
-class Execution(LiveProgress):
+class Execution(LiveProgress, Replaying):
     """Drives one run: live under a claim, or as the debugger with no store."""
 
     def __init__(
@@ -301,68 +283,6 @@ class Execution(LiveProgress):
             self._open.append(call)
         return call
 
-    def _classify(self, call: Call, events: list[AnyEvent]) -> bool:
-        """Take a call's state from its recorded events; True if it progresses live (else replay answers it)."""
-        key = call.key
-        match call.kind:
-            case CallKind.STEP:
-                state = step_state(events)
-                match state:
-                    case Done() | Failed():
-                        return False
-                    case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due = attempt, retry_at
-                    case Fresh(attempt=attempt):
-                        call.attempt = attempt
-                    case _ as unreachable:
-                        assert_never(unreachable)
-            case CallKind.EFFECT:
-                effect = effect_state(events)
-                match effect:
-                    case Done() | Failed():
-                        return False
-                    case Ambiguous(reason=reason, attempt=attempt):
-                        call.parked, call.attempt = reason, attempt
-                    case InDoubt(attempt=attempt):
-                        call.in_doubt, call.recovering, call.attempt = True, True, attempt
-                    case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due = attempt, retry_at
-                    case Fresh(attempt=attempt):
-                        call.attempt = attempt
-                    case _ as unreachable:
-                        assert_never(unreachable)
-            case CallKind.TIMER:
-                timer = timer_state(events)
-                match timer:
-                    case TimerDone():
-                        return False
-                    case TimerPending(fire_at=fire_at):
-                        call.due = fire_at
-                    case Fresh():
-                        assert call.due is not None
-                        self._buffer.append(TimerStarted(key=key, fire_at=call.due))
-                    case _ as unreachable:
-                        assert_never(unreachable)
-            case CallKind.SIGNAL:
-                wait = wait_state(events)
-                match wait:
-                    case WaitReceived() | WaitTimedOut():
-                        return False
-                    case WaitPending(deadline=deadline):
-                        call.due = deadline
-                    case Fresh():
-                        self._buffer.append(SignalWaitStarted(key=key, name=call.name, deadline=call.due))
-                    case _ as unreachable:
-                        assert_never(unreachable)
-            case CallKind.CHILD:
-                if events:
-                    return False  # child_started: replay answers it
-            case CallKind.VALUE | CallKind.CHARGE:
-                raise AssertionError("values and charges are answered at the call")
-            case _ as unreachable:
-                assert_never(unreachable)
-        return True
-
     # -- the drive loop -------------------------------------------------------------------
 
     async def run(self) -> Outcome:
@@ -508,85 +428,6 @@ class Execution(LiveProgress):
             if root.done():
                 return await self._finish_root(root)
             return await self._suspend()
-
-    # -- replay ---------------------------------------------------------------------------------
-
-    def _replay_next(self) -> bool:
-        """Queue the next recorded outcome if its call is registered; end replay when all are handed out."""
-        resolutions = self.replayer.resolutions
-        while self._cursor < len(resolutions):
-            call = self._calls.get(resolutions[self._cursor])
-            if call is None:
-                return False  # workflow code has not reached it (yet)
-            self._cursor += 1
-            if call.future.done():
-                continue  # workflow code stopped waiting for it (cancelled): nothing to hand over
-            value, error = self._recorded_outcome(call)
-            if self._divergence is not None:
-                return True
-            self._resolutions.append((call, value, error))
-            return True
-        if self.replayer.first_unvisited() is not None:
-            return False
-        self._replaying = False
-        if self._live is not None:
-            self._check_recoveries()
-        return True
-
-    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None]:
-        key = call.key
-        events = self.replayer.events(key)
-        steps = self.report.steps
-        match call.kind:
-            case CallKind.STEP | CallKind.EFFECT:
-                state = step_state(events) if call.kind is CallKind.STEP else effect_state(events)
-                if isinstance(state, Done):
-                    steps.append((key, "replayed"))
-                    return self._converted(call, state.output), None
-                assert isinstance(state, Failed)
-                steps.append((key, "failed"))
-                if call.kind is CallKind.STEP:
-                    failed = [e for e in events if isinstance(e, StepFailed)]
-                    return None, StepFailedError(key, state.error, state.attempts, failed[-1].error_type if failed else "")
-                return None, EffectFailedError(key, state.error)
-            case CallKind.TIMER:
-                steps.append((key, "timer fired"))
-                return None, None
-            case CallKind.CHILD:
-                started = events[0]
-                assert isinstance(started, ChildStarted)
-                steps.append((key, f"child {started.run_id} started"))
-                return (started.run_id, started.checkpoint_id), None
-            case CallKind.SIGNAL:
-                wait = wait_state(events)
-                if isinstance(wait, WaitReceived):
-                    steps.append((key, "signal received"))
-                    return self._payload(call, wait.payload)
-                steps.append((key, "wait timed out"))
-                return None, WaitTimeoutError(key, call.name)
-            case _:
-                raise AssertionError(f"{call.kind} calls are not resolved by replay")
-
-    def _converted(self, call: Call, plain: Any) -> Any:
-        try:
-            return convert(plain, call.returns, what=call.key)
-        except SerializationError as exc:
-            self._divergence = NondeterminismError(
-                call.key, "a value of another type", f"a call returning {call.returns!r}", str(exc))
-            return None
-
-    def _stuck(self) -> NondeterminismError:
-        """The divergence when workflow code is idle and a recorded call is still unreached."""
-        resolutions = self.replayer.resolutions
-        missing = resolutions[self._cursor] if self._cursor < len(resolutions) else self.replayer.first_unvisited()
-        assert missing is not None
-        root = self._root
-        if root is not None and root.done():
-            doing = "the workflow had finished"
-        else:
-            waiting = [c.key for c in self._open if not c.future.done()]
-            doing = f"the workflow waits for {', '.join(waiting[:3])}" if waiting else "the workflow is blocked"
-        return self.replayer.missing(missing, f"no call to it: {doing}")
 
     # -- handing outcomes to workflow code ----------------------------------------------------
 

@@ -1,0 +1,210 @@
+"""The replay half of the driver: what history says about each call, and handing recorded outcomes back.
+
+A call workflow code makes is classified against the events recorded under its
+key (answered by replay, or progressing live from where it stopped); recorded
+outcomes are handed back in the order they were recorded, one at a time. See
+:mod:`runifold.worker._execution` for the whole picture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, assert_never
+
+from runifold.errors import (
+    EffectFailedError,
+    NondeterminismError,
+    SerializationError,
+    StepFailedError,
+    WaitTimeoutError,
+)
+from runifold.history import (
+    Ambiguous,
+    AnyEvent,
+    CallKind,
+    ChildStarted,
+    Done,
+    Failed,
+    Fresh,
+    InDoubt,
+    Replayer,
+    RetryDue,
+    SignalWaitStarted,
+    StepFailed,
+    TimerDone,
+    TimerPending,
+    TimerStarted,
+    WaitPending,
+    WaitReceived,
+    WaitTimedOut,
+    convert,
+    effect_state,
+    step_state,
+    timer_state,
+    wait_state,
+)
+from runifold.worker._call import Call, Live, ReplayReport
+
+
+class Replaying:
+    """Classifies calls against their recorded events and hands recorded outcomes back in recorded order."""
+
+    # shared with Execution, which sets them up
+    replayer: Replayer
+    report: ReplayReport
+    _live: Live | None
+    _root: asyncio.Task[Any] | None
+    _calls: dict[str, Call]
+    _open: list[Call]
+    _buffer: list[AnyEvent]
+    _resolutions: deque[tuple[Call, Any, BaseException | None]]
+    _replaying: bool
+    _cursor: int
+    _divergence: NondeterminismError | None
+
+    def _check_recoveries(self) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def _payload(call: Call, payload: Any) -> tuple[Any, BaseException | None]:
+        raise NotImplementedError
+
+    def _classify(self, call: Call, events: list[AnyEvent]) -> bool:
+        """Take a call's state from its recorded events; True if it progresses live (else replay answers it)."""
+        key = call.key
+        match call.kind:
+            case CallKind.STEP:
+                state = step_state(events)
+                match state:
+                    case Done() | Failed():
+                        return False
+                    case RetryDue(attempt=attempt, retry_at=retry_at):
+                        call.attempt, call.due = attempt, retry_at
+                    case Fresh(attempt=attempt):
+                        call.attempt = attempt
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.EFFECT:
+                effect = effect_state(events)
+                match effect:
+                    case Done() | Failed():
+                        return False
+                    case Ambiguous(reason=reason, attempt=attempt):
+                        call.parked, call.attempt = reason, attempt
+                    case InDoubt(attempt=attempt):
+                        call.in_doubt, call.recovering, call.attempt = True, True, attempt
+                    case RetryDue(attempt=attempt, retry_at=retry_at):
+                        call.attempt, call.due = attempt, retry_at
+                    case Fresh(attempt=attempt):
+                        call.attempt = attempt
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.TIMER:
+                timer = timer_state(events)
+                match timer:
+                    case TimerDone():
+                        return False
+                    case TimerPending(fire_at=fire_at):
+                        call.due = fire_at
+                    case Fresh():
+                        assert call.due is not None
+                        self._buffer.append(TimerStarted(key=key, fire_at=call.due))
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.SIGNAL:
+                wait = wait_state(events)
+                match wait:
+                    case WaitReceived() | WaitTimedOut():
+                        return False
+                    case WaitPending(deadline=deadline):
+                        call.due = deadline
+                    case Fresh():
+                        self._buffer.append(SignalWaitStarted(key=key, name=call.name, deadline=call.due))
+                    case _ as unreachable:
+                        assert_never(unreachable)
+            case CallKind.CHILD:
+                if events:
+                    return False  # child_started: replay answers it
+            case CallKind.VALUE | CallKind.CHARGE:
+                raise AssertionError("values and charges are answered at the call")
+            case _ as unreachable:
+                assert_never(unreachable)
+        return True
+
+    def _replay_next(self) -> bool:
+        """Queue the next recorded outcome if its call is registered; end replay when all are handed out."""
+        resolutions = self.replayer.resolutions
+        while self._cursor < len(resolutions):
+            call = self._calls.get(resolutions[self._cursor])
+            if call is None:
+                return False  # workflow code has not reached it (yet)
+            self._cursor += 1
+            if call.future.done():
+                continue  # workflow code stopped waiting for it (cancelled): nothing to hand over
+            value, error = self._recorded_outcome(call)
+            if self._divergence is not None:
+                return True
+            self._resolutions.append((call, value, error))
+            return True
+        if self.replayer.first_unvisited() is not None:
+            return False
+        self._replaying = False
+        if self._live is not None:
+            self._check_recoveries()
+        return True
+
+    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None]:
+        key = call.key
+        events = self.replayer.events(key)
+        steps = self.report.steps
+        match call.kind:
+            case CallKind.STEP | CallKind.EFFECT:
+                state = step_state(events) if call.kind is CallKind.STEP else effect_state(events)
+                if isinstance(state, Done):
+                    steps.append((key, "replayed"))
+                    return self._converted(call, state.output), None
+                assert isinstance(state, Failed)
+                steps.append((key, "failed"))
+                if call.kind is CallKind.STEP:
+                    failed = [e for e in events if isinstance(e, StepFailed)]
+                    return None, StepFailedError(key, state.error, state.attempts, failed[-1].error_type if failed else "")
+                return None, EffectFailedError(key, state.error)
+            case CallKind.TIMER:
+                steps.append((key, "timer fired"))
+                return None, None
+            case CallKind.CHILD:
+                started = events[0]
+                assert isinstance(started, ChildStarted)
+                steps.append((key, f"child {started.run_id} started"))
+                return (started.run_id, started.checkpoint_id), None
+            case CallKind.SIGNAL:
+                wait = wait_state(events)
+                if isinstance(wait, WaitReceived):
+                    steps.append((key, "signal received"))
+                    return self._payload(call, wait.payload)
+                steps.append((key, "wait timed out"))
+                return None, WaitTimeoutError(key, call.name)
+            case _:
+                raise AssertionError(f"{call.kind} calls are not resolved by replay")
+
+    def _converted(self, call: Call, plain: Any) -> Any:
+        try:
+            return convert(plain, call.returns, what=call.key)
+        except SerializationError as exc:
+            self._divergence = NondeterminismError(
+                call.key, "a value of another type", f"a call returning {call.returns!r}", str(exc))
+            return None
+
+    def _stuck(self) -> NondeterminismError:
+        """The divergence when workflow code is idle and a recorded call is still unreached."""
+        resolutions = self.replayer.resolutions
+        missing = resolutions[self._cursor] if self._cursor < len(resolutions) else self.replayer.first_unvisited()
+        assert missing is not None
+        root = self._root
+        if root is not None and root.done():
+            doing = "the workflow had finished"
+        else:
+            waiting = [c.key for c in self._open if not c.future.done()]
+            doing = f"the workflow waits for {', '.join(waiting[:3])}" if waiting else "the workflow is blocked"
+        return self.replayer.missing(missing, f"no call to it: {doing}")
