@@ -196,7 +196,7 @@ async def runs_show(args: argparse.Namespace) -> int:
     out += [f"waiting     {wait.kind} {printable(wait.key)} {printable(wait.signal or '')} until {when(wait.until)}"
             for wait in checkpoint.waits]
     out += [f"effect      {printable(key)} is {state}" for key, state in checkpoint.pending_effects.items()]
-    if checkpoint.failure:
+    if checkpoint.failure and checkpoint.failure != _reason(info):
         out.append(f"failure     {printable(checkpoint.failure)}")
     if failed is not None:
         where = f" in {printable(failed.key)}" if failed.key else ""
