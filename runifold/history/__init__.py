@@ -2,6 +2,7 @@
 
 from runifold.history._calls import (
     Ambiguous,
+    Cancelled,
     Done,
     EffectState,
     Failed,
@@ -33,6 +34,7 @@ from runifold.history._codec import (
 from runifold.history._events import (
     TERMINAL_EVENTS,
     AnyEvent,
+    CallCancelled,
     ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
@@ -64,7 +66,7 @@ from runifold.history._events import (
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallKind", "Checkpoint", "ChildStarted", "Done",
+    "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled", "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",
     "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",

@@ -12,6 +12,7 @@ from typing import Any, assert_never
 
 from runifold.history._events import (
     AnyEvent,
+    CallCancelled,
     EffectAmbiguous,
     EffectCompleted,
     EffectFailed,
@@ -78,8 +79,13 @@ class Ambiguous:
     attempt: int
 
 
-StepState = Fresh | Done | Failed | RetryDue
-EffectState = Fresh | Done | Failed | RetryDue | InDoubt | Ambiguous
+@dataclass(frozen=True)
+class Cancelled:
+    """Workflow code stopped waiting for the call before its outcome was known; nothing more runs for it."""
+
+
+StepState = Fresh | Done | Failed | RetryDue | Cancelled
+EffectState = Fresh | Done | Failed | RetryDue | InDoubt | Ambiguous | Cancelled
 
 
 def step_state(events: Sequence[AnyEvent]) -> StepState:
@@ -95,6 +101,8 @@ def step_state(events: Sequence[AnyEvent]) -> StepState:
                 state = RetryDue(attempt + 1, retry_at)
             case RunRetried() if isinstance(state, Failed):
                 state = Fresh(state.attempts + 1)  # an operator gave the failed call another attempt
+            case CallCancelled():
+                state = Cancelled()
             case _:
                 pass
     return state
@@ -142,6 +150,8 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
                         assert_never(unreachable)
             case RunRetried() if isinstance(state, Failed):
                 state = Fresh(attempt + 1)
+            case CallCancelled():
+                state = Cancelled()
             case _:
                 pass
     return state

@@ -14,6 +14,7 @@ import msgspec
 
 from runifold.history._calls import Ambiguous, Done, InDoubt, effect_state
 from runifold.history._events import (
+    CallCancelled,
     ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
@@ -127,6 +128,10 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 effect_events.setdefault(key, []).append(event)
             case EffectReconciled(key=key) | EffectAmbiguous(key=key) | EffectResolved(key=key):
                 effect_events.setdefault(key, []).append(event)
+            case CallCancelled(key=key, kind="effect"):
+                effect_events.setdefault(key, []).append(event)
+            case CallCancelled(ran=ran):
+                steps += ran
             case UsageCharged(units=charged):
                 units += charged
             case ValueRecorded():

@@ -142,6 +142,17 @@ class SignalTimedOut(Event, frozen=True, tag="signal_timed_out", kw_only=True):
     name: str
 
 
+class CallCancelled(Event, frozen=True, tag="call_cancelled", kw_only=True):
+    """Workflow code stopped waiting for a step (or for an effect that had not started) before its outcome
+    was known, e.g. under ``asyncio.timeout``: the step's body was cancelled and nothing more is recorded
+    for the call. ``kind``: ``step`` or ``effect``; ``ran``: the attempt's body had started (it counts
+    as a step)."""
+
+    kind: str
+    attempt: int
+    ran: bool
+
+
 class ChildStarted(Event, frozen=True, tag="child_started", kw_only=True):
     """The workflow started a child run (``ctx.start_child``); its last event will come back as a signal."""
 
@@ -193,6 +204,7 @@ AnyEvent = (
     | SignalWaitStarted
     | SignalReceived
     | SignalTimedOut
+    | CallCancelled
     | ChildStarted
     | RunCompleted
     | RunFailed

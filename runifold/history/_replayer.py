@@ -11,10 +11,12 @@ Divergence rules:
 * a key recorded as one kind of call and called as another diverges;
 * within one task lineage (*scope*, the part of a key before its last ``/``)
   calls happen one after another and their first events are logged in call
-  order, so each scope must call exactly its next recorded key: anything else
-  means a call was removed, renamed, reordered or inserted;
+  order (a step the code stops waiting for before it finished is recorded as
+  cancelled at that moment), so each scope must call exactly its next recorded
+  key: anything else means a call was removed, renamed, reordered or inserted;
 * recorded outcomes are handed to workflow code in the order they were
-  recorded (:attr:`Replayer.resolutions`); before anything runs live every
+  recorded (:attr:`Replayer.resolutions`), each once every call recorded
+  before it has been made (:meth:`Replayer.made_before`); before anything runs live every
   recorded key must have been called, and a recorded key the code cannot
   reach once it is idle was removed, renamed or moved to another path.
 """
@@ -28,6 +30,7 @@ from typing import assert_never
 
 from runifold.errors import NondeterminismError, SerializationError
 from runifold.history._calls import (
+    Cancelled,
     Done,
     Failed,
     TimerDone,
@@ -40,6 +43,7 @@ from runifold.history._calls import (
 )
 from runifold.history._events import (
     AnyEvent,
+    CallCancelled,
     ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
@@ -100,6 +104,8 @@ def kind_of(event: AnyEvent) -> CallKind | None:
             return CallKind.SIGNAL
         case ChildStarted():
             return CallKind.CHILD
+        case CallCancelled(kind=kind):
+            return CallKind(kind)
         case _:
             return None
 
@@ -114,9 +120,9 @@ def _resolved(kind: CallKind, events: Sequence[AnyEvent]) -> bool:
     """Tell whether the recorded events of one key settle its call (its outcome is known)."""
     match kind:
         case CallKind.STEP:
-            return isinstance(step_state(events), (Done, Failed))
+            return isinstance(step_state(events), (Done, Failed, Cancelled))
         case CallKind.EFFECT:
-            return isinstance(effect_state(events), (Done, Failed))
+            return isinstance(effect_state(events), (Done, Failed, Cancelled))
         case CallKind.TIMER:
             return isinstance(timer_state(events), TimerDone)
         case CallKind.SIGNAL:
@@ -144,6 +150,7 @@ class Replayer:
         self._events: dict[str, list[AnyEvent]] = {}
         self._kind: dict[str, CallKind] = {}
         self._last_seq: dict[str, int] = {}
+        self._first_seq: dict[str, int] = {}
         self._recorded_order: list[str] = []
         # invariant: every key of _recorded_order before _cursor has been visited
         self._cursor = 0
@@ -162,6 +169,7 @@ class Replayer:
             if key not in self._events:
                 self._events[key] = []
                 self._kind[key] = kind
+                self._first_seq[key] = entry.seq
                 self._recorded_order.append(key)
                 self._scope_queue.setdefault(scope_of(key), deque()).append(key)
             self._events[key].append(event)
@@ -219,6 +227,15 @@ class Replayer:
         while self._cursor < len(order) and order[self._cursor] in self._visited:
             self._cursor += 1
         return order[self._cursor] if self._cursor < len(order) else None
+
+    def made_before(self, key: str) -> bool:
+        """Tell whether every call whose first event was recorded before ``key``'s outcome has been made.
+
+        The live run made each of those calls before it learned ``key``'s outcome (a call's first
+        event is recorded after the call), so a replay hands the outcome over only after them.
+        """
+        first = self.first_unvisited()
+        return first is None or self._first_seq[first] > self._last_seq[key]
 
     def missing(self, key: str, called: str) -> NondeterminismError:
         """The error for recorded ``key`` that the code did not reach; ``called`` says what it did instead."""

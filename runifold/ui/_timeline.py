@@ -10,6 +10,7 @@ import msgspec
 from runifold.cli._text import clip, iso
 from runifold.history import (
     AnyEvent,
+    CallCancelled,
     ChildStarted,
     EffectAmbiguous,
     EffectCompleted,
@@ -86,6 +87,9 @@ def describe(event: AnyEvent) -> tuple[str, str, str]:
             return f"signal {name!r} ({signal_id}) received with {value(payload)}", sender, reason
         case SignalTimedOut(name=name):
             return f"wait for signal {name!r} timed out", "", ""
+        case CallCancelled(attempt=attempt, ran=ran):
+            return (f"cancelled by workflow code (attempt {attempt}{', its body stopped' if ran else ''}); "
+                    "nothing more is recorded for it"), "", ""
         case ChildStarted(run_id=child, name=name, version=version):
             return f"started child run {child} ({name} v{version})", "", ""
         case RunCompleted(output=output):

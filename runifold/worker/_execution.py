@@ -191,11 +191,19 @@ class Execution(LiveProgress, Replaying):
 
     async def call_step(self, spec: StepSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = self._register(scope.key(spec.id), CallKind.STEP, spec.returns.get(), spec=spec, args=args, kwargs=kwargs)
-        return await call.future
+        try:
+            return await call.future
+        except asyncio.CancelledError:
+            self._abandon(call)  # before the cancelled task runs on: its next calls come after this one's record
+            raise
 
     async def call_effect(self, spec: EffectSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = self._register(scope.key(spec.id), CallKind.EFFECT, spec.returns.get(), spec=spec, args=args, kwargs=kwargs)
-        return await call.future
+        try:
+            return await call.future
+        except asyncio.CancelledError:
+            self._abandon(call)
+            raise
 
     async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
         fire_at = until if until is not None else self.store_time() + (delay or 0.0)

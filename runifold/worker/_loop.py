@@ -149,14 +149,18 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
         def finished(done: asyncio.Future[Any]) -> None:
             self._jobs -= 1
-            if self._closed or inner.done():
+            if self._closed:
                 return
-            if done.cancelled():
+            if inner.done():
+                pass  # the task that awaited it was cancelled meanwhile
+            elif done.cancelled():
                 inner.cancel()
             elif done.exception() is not None:
                 inner.set_exception(done.exception())  # type: ignore[arg-type]
             else:
                 inner.set_result(done.result())
+            # invariant: the driver hears of every job that ends, even one nobody awaits any more: it may be
+            # waiting only because this job was outstanding
             self._activity()
 
         job.add_done_callback(finished)

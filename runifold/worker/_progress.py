@@ -37,6 +37,7 @@ from runifold.errors import (
 )
 from runifold.history import (
     AnyEvent,
+    CallCancelled,
     CallKind,
     ChildStarted,
     EffectAmbiguous,
@@ -97,6 +98,7 @@ class LiveProgress:
     _loop: WorkflowLoop
     _failure: tuple[str, BaseException | None, str] | None
     _closing: bool
+    _replaying: bool
 
     def store_time(self) -> float:
         raise NotImplementedError
@@ -118,6 +120,29 @@ class LiveProgress:
     def _resolve(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
         """Queue an outcome; the driver hands them over one at a time, in the order queued."""
         self._resolutions.append((call, value, error))
+
+    def _abandon(self, call: Call) -> None:
+        """Workflow code stopped waiting for a step or effect (it cancelled it) before its outcome was known.
+
+        A step's body is cancelled and ``call_cancelled`` recorded, before the cancelled task runs on, so the
+        scope's next call comes after it in the log, as in the code; its outcome is never recorded. An effect
+        that has started runs on and its outcome is recorded (it may have touched the world already); one
+        that never started is cancelled like a step. A replay (and a teardown) records nothing.
+        """
+        if self._closing or self._replaying or self._live is None or call.cancelled:
+            return
+        if call not in self._open and not call.busy:
+            return  # its outcome is recorded already, or it never progressed live
+        if call.kind is CallKind.EFFECT and (call.busy or call.attempt > 1 or call.in_doubt
+                                             or call.parked is not None or self.replayer.is_recorded(call.key)):
+            return  # started in some attempt: it runs to its outcome; _advance drops it once it is idle
+        if call in self._open:
+            self._open.remove(call)
+        call.cancelled = True
+        if call.body is not None:
+            call.body.cancel()
+        self._buffer.append(CallCancelled(key=call.key, kind=call.kind.value, attempt=call.attempt, ran=call.busy))
+        self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
 
     # -- live progress --------------------------------------------------------------------------
 
@@ -271,7 +296,7 @@ class LiveProgress:
         nothing else could progress while it runs, and the hand-off to a task of its own and back
         would cost loop passes that hold up this run's next commit. Others run as tasks.
         """
-        starts, self._starts = self._starts, []
+        starts, self._starts = [s for s in self._starts if not s.call.cancelled], []
         alone = len(starts) == 1 and not self._bodies and not self._loop.waiting_in_real_time
         if alone and self._next_due() is None:
             start = starts[0]
@@ -297,6 +322,7 @@ class LiveProgress:
             ctx = contextvars.copy_context()
             ctx.run(structlog.contextvars.bind_contextvars, key=start.call.key)
             task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout), context=ctx)
+            start.call.body = task
             self._bodies.add(task)
             task.add_done_callback(functools.partial(self._body_done, start))
 
@@ -318,7 +344,9 @@ class LiveProgress:
     def _collect_finished(self) -> None:
         finished, self._finished = self._finished, []
         for call, value, exc, what in finished:
-            call.busy = False
+            call.busy, call.body = False, None
+            if call.cancelled:
+                continue  # workflow code stopped waiting for it: call_cancelled is its record
             if what == "reconcile":
                 self._reconciled(call, value, exc)
             elif call.kind is CallKind.STEP:

@@ -23,6 +23,7 @@ from runifold.history import (
     Ambiguous,
     AnyEvent,
     CallKind,
+    Cancelled,
     ChildStarted,
     Done,
     Failed,
@@ -77,7 +78,7 @@ class Replaying:
             case CallKind.STEP:
                 state = step_state(events)
                 match state:
-                    case Done() | Failed():
+                    case Done() | Failed() | Cancelled():
                         return False
                     case RetryDue(attempt=attempt, retry_at=retry_at):
                         call.attempt, call.due = attempt, retry_at
@@ -88,7 +89,7 @@ class Replaying:
             case CallKind.EFFECT:
                 effect = effect_state(events)
                 match effect:
-                    case Done() | Failed():
+                    case Done() | Failed() | Cancelled():
                         return False
                     case Ambiguous(reason=reason, attempt=attempt):
                         call.parked, call.attempt = reason, attempt
@@ -139,13 +140,20 @@ class Replaying:
             call = self._calls.get(resolutions[self._cursor])
             if call is None:
                 return False  # workflow code has not reached it (yet)
-            self._cursor += 1
             if call.future.done():
+                self._cursor += 1
                 continue  # workflow code stopped waiting for it (cancelled): nothing to hand over
-            value, error = self._recorded_outcome(call)
+            if not self.replayer.made_before(call.key):
+                return False  # a branch has yet to make a call the live run made before this outcome came
+            outcome = self._recorded_outcome(call)
+            if outcome is None:
+                # the live run's code cancelled the call at this point (its own timeout, say): the outcomes
+                # recorded after it wait until this code has cancelled it too
+                return False
+            self._cursor += 1
             if self._divergence is not None:
                 return True
-            self._resolutions.append((call, value, error))
+            self._resolutions.append((call, *outcome))
             return True
         if self.replayer.first_unvisited() is not None:
             return False
@@ -154,7 +162,8 @@ class Replaying:
             self._check_recoveries()
         return True
 
-    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None]:
+    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None] | None:
+        """What history says the call returned or raised; None for a call the live run's code cancelled."""
         key = call.key
         events = self.replayer.events(key)
         steps = self.report.steps
@@ -164,6 +173,8 @@ class Replaying:
                 if isinstance(state, Done):
                     steps.append((key, "replayed"))
                     return self._converted(call, state.output), None
+                if isinstance(state, Cancelled):
+                    return None
                 assert isinstance(state, Failed)
                 steps.append((key, "failed"))
                 if call.kind is CallKind.STEP:
@@ -199,8 +210,18 @@ class Replaying:
     def _stuck(self) -> NondeterminismError:
         """The divergence when workflow code is idle and a recorded call is still unreached."""
         resolutions = self.replayer.resolutions
-        missing = resolutions[self._cursor] if self._cursor < len(resolutions) else self.replayer.first_unvisited()
+        next_outcome = resolutions[self._cursor] if self._cursor < len(resolutions) else None
+        if next_outcome is None or (next_outcome in self._calls and not self.replayer.made_before(next_outcome)):
+            missing = self.replayer.first_unvisited()  # a call recorded before the next outcome
+        else:
+            missing = next_outcome
         assert missing is not None
+        pending = self._calls.get(missing)
+        if pending is not None and not pending.future.done():
+            return NondeterminismError(
+                missing, recorded=f"that the workflow stopped waiting for {missing} here (it cancelled the call)",
+                called="code that still waits for it and for nothing else",
+                detail="whatever cancelled the call (a timeout, a sibling) no longer does")
         root = self._root
         if root is not None and root.done():
             doing = "the workflow had finished"

@@ -383,8 +383,40 @@ async def effects_and_timeouts(ctx: WorkflowContext, n: int) -> list[Any]:
     return [sent, outcome, caught]
 
 
+@workflow("cancelled-calls")
+async def cancelled_calls(ctx: WorkflowContext, n: int) -> list[Any]:
+    """Calls the code stops waiting for: a timeout around a step, a step that loses a race to a durable timer,
+    the sibling a failing TaskGroup member cancels; each followed by more calls in the same task."""
+    out: list[Any] = []
+    try:
+        async with asyncio.timeout(0.05):
+            out.append(await slow(ctx.run_id, "timed-out", 30.0))
+    except TimeoutError:
+        out.append(f"timeout {ctx.uuid().hex[:0]}")
+    out.append(await note(ctx.run_id, "after-timeout"))
+    try:
+        out.append(await asyncio.wait_for(slow(ctx.run_id, "wait-for", 30.0), 0.05))
+    except TimeoutError:
+        out.append("wait_for timeout")
+    work = asyncio.ensure_future(slow(ctx.run_id, "race", 30.0))
+    timer = asyncio.ensure_future(ctx.sleep(TICK))
+    done, _ = await asyncio.wait({work, timer}, return_when=asyncio.FIRST_COMPLETED)
+    work.cancel()
+    out.append("timer won" if timer in done else "work won")
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(slow(ctx.run_id, "tg-sibling", 30.0))
+            tg.create_task(broken(ctx.run_id, "tg-broken"))
+    except* StepFailedError as group:
+        out.append([type(e).__name__ for e in group.exceptions])
+    await ctx.wait_signal("go")
+    out.append(await add(ctx.run_id, "end", n))
+    return out
+
+
 WORKFLOWS = [try_finally, async_with, gather_values, return_exceptions, task_group, first_completed, as_completed,
-             nested_gather, real_time_siblings, retry_and_timer, values, typed, effects_and_timeouts]
+             nested_gather, real_time_siblings, retry_and_timer, values, typed, effects_and_timeouts,
+             cancelled_calls]
 SIGNALS = ("go",)
 registry = WorkflowRegistry(*(WorkflowDefinition(fn, Budget(max_cost_units=100), signals={"go": {"*"}})
                               for fn in WORKFLOWS))

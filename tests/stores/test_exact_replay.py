@@ -18,6 +18,7 @@ from runifold import (
     Budget,
     Completed,
     Failed,
+    Idle,
     Retried,
     RetryPolicy,
     RunStatus,
@@ -486,3 +487,98 @@ async def test_the_debugger_reports_where_an_unfinished_run_waits(store: Any) ->
     report = await replay_run(store, WorkflowRegistry(definition), "w1")
     assert report.clean and not report.finished and report.error is None
     assert report.stopped_at == "wait.go#1"
+
+
+# -- calls the code stops waiting for, and real-time branches beside recorded outcomes --------------
+
+
+@step()
+async def lingering(name: str) -> str:
+    calls[f"{name} started"] += 1
+    await asyncio.sleep(30)
+    calls[f"{name} finished"] += 1
+    return name
+
+
+@workflow("timeouts-around-steps")
+async def timeouts_around_steps(ctx: WorkflowContext) -> list[Any]:
+    out: list[Any] = []
+    try:
+        async with asyncio.timeout(0.05):
+            out.append(await lingering("under-timeout"))
+    except TimeoutError:
+        out.append("timeout")
+    out.append(await count("next-in-the-same-task"))
+    try:
+        out.append(await asyncio.wait_for(lingering("under-wait-for"), 0.05))
+    except TimeoutError:
+        out.append("wait_for timeout")
+    out.append(ctx.uuid().version)
+    await ctx.wait_signal("go")
+    return out
+
+
+async def test_a_step_the_code_stops_waiting_for_is_cancelled_and_replays(store: Any) -> None:
+    """asyncio.timeout and wait_for around a step: its body is cancelled, call_cancelled is recorded before
+    the task's next call, nothing of the step is recorded later, and the run replays exactly (also after it
+    suspended, from another execution)."""
+    from runifold.history import CallCancelled
+
+    definition = WorkflowDefinition(timeouts_around_steps, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("timeouts-around-steps", 1, {}, checkpoint_id="t1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    history = await entries(store, "t1")
+    cancelled = [e.event for e in history if isinstance(e.event, CallCancelled)]
+    assert [(c.key, c.kind, c.ran) for c in cancelled] == [("lingering#1", "step", True),
+                                                            ("1/lingering#1", "step", True)]
+    order = [e.event.key for e in history if e.event.key]
+    assert order.index("lingering#1") < order.index("count#1") < order.index("1/lingering#1")
+    assert calls["under-timeout started"] == calls["under-wait-for started"] == 1
+    assert calls["under-timeout finished"] == calls["under-wait-for finished"] == 0
+    await send_signal(store, "t1", "go", "g1")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ["timeout", 1, "wait_for timeout", 4]
+    assert calls["under-timeout started"] == 1 and calls["next-in-the-same-task"] == 1  # replayed, not rerun
+    assert not await replay_problems(store, WorkflowRegistry(definition), "t1", done.output)
+
+
+@step(retry=RetryPolicy(max_attempts=3, initial=timedelta(milliseconds=100), jitter=0))
+async def fails_slowly(name: str) -> int:
+    calls[name] += 1
+    raise RuntimeError(f"{name} fails")
+
+
+@workflow("thread-beside-a-failure")
+async def thread_beside_a_failure(ctx: WorkflowContext) -> list[Any]:
+    import time as _time
+
+    async def threaded_then_timer() -> None:
+        await asyncio.to_thread(_time.sleep, 0.05)
+        await ctx.sleep(timedelta(hours=1))  # recorded as started before the sibling's failure
+
+    failed: list[Any] = []
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(threaded_then_timer())
+            tg.create_task(fails_slowly("sibling"))
+    except* StepFailedError as group:
+        failed = [type(e).__name__ for e in group.exceptions]
+    return failed
+
+
+async def test_an_outcome_waits_for_calls_the_live_run_made_before_it(store: Any) -> None:
+    """A branch in asyncio.to_thread reached a timer before its sibling failed for good; a replay hands the
+    failure over only once that branch has made the call (in real time), so the TaskGroup cancels it at the
+    same point, and a replay never hangs on a thread whose awaiting task was cancelled."""
+    definition = WorkflowDefinition(thread_beside_a_failure)
+    await store.enqueue(WorkflowTask("thread-beside-a-failure", 1, {}, checkpoint_id="f1"))
+    done = await worker(store, definition).run_once()
+    while not isinstance(done, Completed):  # the run suspends while the step's retries back off
+        assert isinstance(done, (Suspended, Idle)), done
+        await asyncio.sleep(0.05)
+        done = await worker(store, definition).run_once()
+    assert done.output == ["StepFailedError"] and calls["sibling"] == 3
+    assert "1/sleep#1" in await keys(store, "f1", "timer_started")
+    for _ in range(3):
+        problems = await asyncio.wait_for(replay_problems(store, WorkflowRegistry(definition), "f1", done.output), 10)
+        assert not problems
