@@ -249,6 +249,8 @@ def _print_report(report: ReplayReport) -> None:
     if report.divergence is not None:
         d = report.divergence
         print(printable(f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}"))
+    elif report.finished and report.error is not None:
+        print(printable(f"clean: code and history agree to the end (the workflow failed: {report.error})"))
     elif report.finished:
         print(f"clean: code and history agree to the end (result {compact(report.result)})")
     else:
@@ -281,5 +283,6 @@ async def replay_cmd(args: argparse.Namespace) -> int:
 
 def _report_json(r: ReplayReport) -> dict[str, Any]:
     return {"run_id": r.run_id, "clean": r.clean, "finished": r.finished, "stopped_at": r.stopped_at,
+            "workflow_error": r.error,
             "steps": r.steps, "divergence": None if r.divergence is None else {
                 "key": r.divergence.key, "recorded": r.divergence.recorded, "called": r.divergence.called}}

@@ -129,16 +129,24 @@ def _to_type(value: Any, type_: Any) -> Any:
     return msgspec.convert(value, type_, strict=False)
 
 
-def convert(value: Any, type_: Any, *, what: str) -> Any:
-    """Convert recorded JSON builtins to ``type_``: what workflow code receives, live or replayed."""
+RECORDED = "the type changed incompatibly: register the change as a new version"
+
+
+def convert(value: Any, type_: Any, *, what: str, advice: str = RECORDED) -> Any:
+    """Convert JSON builtins to ``type_``: what workflow code receives, live or replayed.
+
+    ``advice`` ends the error's message: what to do about a value that does not fit. The default suits a
+    value read back from the log (the code's type changed); data from a sender or an operator says
+    what to send instead.
+    """
     if type_ is Any:
         return value
     try:
         return _to_type(value, type_)
     except ValueError as exc:  # msgspec.ValidationError and pydantic.ValidationError are ValueErrors
         raise SerializationError(
-            f"recorded value of {what} does not fit its annotated type {_name(type_)} ({brief(exc)}); "
-            "the type changed incompatibly: register the change as a new version"
+            f"{'recorded ' if advice is RECORDED else ''}value of {what} does not fit its annotated type "
+            f"{_name(type_)} ({brief(exc)}); {advice}"
         ) from exc
 
 
@@ -188,7 +196,8 @@ def accept(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     """
     if type_ is Any:
         return record(value, type_, what=what)
-    return record(convert(to_plain(value, what=what), type_, what=what), type_, what=what)
+    advice = f"give the JSON data of a {_name(type_)}"
+    return record(convert(to_plain(value, what=what), type_, what=what, advice=advice), type_, what=what)
 
 
 def brief(exc: BaseException) -> str:

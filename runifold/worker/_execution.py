@@ -571,7 +571,12 @@ class Execution(LiveProgress, Replaying):
         try:
             _, replayed = record(output, returns, what="the workflow")
         except SerializationError as exc:
-            self.report.divergence = NondeterminismError("(result)", "a recorded result", "a result", str(exc))
+            if self._recorded_result:
+                self.report.divergence = NondeterminismError(
+                    "(result)", f"result {self._recorded_result[-1].output!r}", "a result that cannot be recorded",
+                    str(exc))
+            else:
+                self.report.error = describe(exc)  # the live run failed the same way: its result was refused
             return
         self.report.result = replayed
         if not self._recorded_result:

@@ -113,7 +113,8 @@ class LiveProgress:
     def _payload(call: Call, payload: Any) -> tuple[Any, BaseException | None]:
         """A signal's payload as the wait's type; one that does not fit is the workflow's error, live and replayed."""
         try:
-            return convert(payload, call.returns, what=f"the payload of signal {call.name!r} ({call.key})"), None
+            return convert(payload, call.returns, what=f"the payload of signal {call.name!r} ({call.key})",
+                           advice="the sender must send a payload of that type"), None
         except SerializationError as exc:
             return None, exc
 

@@ -36,7 +36,7 @@ from runifold import (
     workflow,
 )
 from runifold.history import SignalReceived, StepFailed
-from runifold.worker import check_compatibility
+from runifold.worker import check_compatibility, replay_run
 from tests.corpus.check import replay_problems
 from tests.support import entries, event_types, keys, send_signal, worker
 
@@ -236,6 +236,26 @@ def test_nan_in_a_task_input_is_refused() -> None:
     """NaN or an infinity in an enqueued input is refused, never stored as null."""
     with pytest.raises(Exception, match="NaN or an infinity"):
         WorkflowTask("odd-values", 1, {"which": float("inf")})
+
+
+@workflow("bad-result")
+async def bad_result(ctx: WorkflowContext, n: int) -> dict[str, Any]:
+    await count("bad-result")
+    return {"ratio": float("nan") if n else 1.0}
+
+
+@pytest.mark.parametrize("n", [1, 0])
+async def test_a_result_that_cannot_be_recorded_fails_the_run_and_replays_as_that_failure(store: Any, n: int) -> None:
+    """A workflow result NaN cannot be recorded: the run fails, and the debugger replays that failure cleanly."""
+    await store.enqueue(WorkflowTask("bad-result", 1, {"n": n}, checkpoint_id="r1"))
+    outcome = await worker(store, WorkflowDefinition(bad_result)).run_once()
+    report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(bad_result)), "r1")
+    assert report.clean and report.finished
+    if n:
+        assert isinstance(outcome, Failed) and "NaN" in outcome.reason
+        assert report.error is not None and "NaN" in report.error
+    else:
+        assert isinstance(outcome, Completed) and report.error is None and report.result == {"ratio": 1.0}
 
 
 # -- 6. a retry waits for its own backoff, whatever a sibling's timer says ---------------------------

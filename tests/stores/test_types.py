@@ -125,7 +125,7 @@ async def typed_signal(ctx: WorkflowContext) -> str:
     try:
         approval = await ctx.wait_signal("approval", type=Approval)
     except SerializationError as exc:
-        return f"refused: {'does not fit' in str(exc)}"
+        return f"refused: {'does not fit' in str(exc) and 'the sender must send' in str(exc)}"
     return f"approved by {approval.by}"
 
 
