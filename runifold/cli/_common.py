@@ -73,6 +73,9 @@ def registry_of(args: argparse.Namespace) -> WorkflowRegistry:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"cannot import {module_name!r} for --app: {exc}") from exc
+    except Exception as exc:  # the module itself raised while importing: the app's error, not ours
+        raise UsageError(f"importing {module_name!r} for --app raised {type(exc).__name__}: {exc} "
+                         "(fix the module; --debug shows the traceback)") from exc
     if not hasattr(module, attribute):
         raise UsageError(f"module {module_name!r} has no {attribute!r} for --app; name the WorkflowRegistry it defines")
     registry = getattr(module, attribute)

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import msgspec
 
+from runifold._log import get_logger
 from runifold.cli._common import (
     UsageError,
     emit_json,
@@ -76,18 +77,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     migrate.set_defaults(handler=migrate_cmd)
 
 
-def _on_stop(supervisor: Supervisor, grace: float) -> None:
-    """SIGTERM/SIGINT: the first stops gracefully, a second one stops at once."""
+def _on_stop(supervisor: Supervisor, grace: float, log_format: str) -> None:
+    """SIGTERM/SIGINT: the first stops gracefully, a second one stops at once.
+
+    Each says so on stderr: a line of text, or with ``--log-format json`` a log record (``worker_stopping``).
+    """
     state = {"signals": 0}
+
+    def say(now: bool, text: str) -> None:
+        if log_format == "json":
+            get_logger("runifold.cli").warning("worker_stopping", now=now, grace_seconds=0 if now else grace,
+                                               message=text)
+        else:
+            print(text, file=sys.stderr, flush=True)
 
     def handle() -> None:
         state["signals"] += 1
         if state["signals"] == 1:
-            print(f"stopping: in-flight runs get up to {grace:g} s; send SIGTERM or press Ctrl-C again to stop at once",
-                  file=sys.stderr, flush=True)
+            say(False, f"stopping: in-flight runs get up to {grace:g} s; send SIGTERM or press Ctrl-C again to stop at once")
             supervisor.stop()
         else:
-            print("stopping now: in-flight runs are cancelled and their leases released", file=sys.stderr, flush=True)
+            say(True, "stopping now: in-flight runs are cancelled and their leases released")
             supervisor.stop(now=True)
 
     loop = asyncio.get_running_loop()
@@ -113,7 +123,7 @@ async def worker_cmd(args: argparse.Namespace) -> int:
         else:
             print(f"worker {worker_id} serving {', '.join(serving)} with concurrency {args.concurrency}")
         sys.stdout.flush()
-        _on_stop(supervisor, args.grace)
+        _on_stop(supervisor, args.grace, args.log_format)
         await supervisor.run(handle_signals=False)
     finally:
         await store.close()

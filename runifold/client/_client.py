@@ -157,6 +157,8 @@ class Client:
             return workflow
         if self.registry is not None and self.registry.get(name, version) is not None:
             return self.registry.get(name, version)
+        if self.registry is not None and isinstance(workflow, str):
+            self.registry.definition_for(name, version)  # raises UnknownWorkflowError, naming what it holds
         spec = _spec_of(workflow)
         return WorkflowDefinition(workflow) if spec is not None and spec.version == version else None
 

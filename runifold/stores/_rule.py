@@ -131,8 +131,10 @@ def wake_refusal(run_id: str, status: RunStatus) -> InvalidStateError | None:
         why = "it waits for an operator to resolve an ambiguous effect: use `runifold resolve`"
     elif status is RunStatus.RUNNING:
         why = "a worker is running it already"
+    elif status is RunStatus.FAILED:
+        why = "it failed: use `runifold retry` to run it again"
     else:
-        why = "it has finished: use `runifold retry` to run a failed run again"
+        why = "it has finished, so nothing of it waits"
     return InvalidStateError(f"run {run_id} is {status}, so it cannot be woken: {why}")
 
 
@@ -140,6 +142,10 @@ def intervene_refusal(run_id: str, status: RunStatus, allowed: Collection[RunSta
     """Why an operator action needing ``allowed`` does not fit a run in ``status``, or None."""
     if status in allowed:
         return None
+    if status.finished and not any(a.finished for a in allowed):
+        retry = "; `runifold retry` runs a failed run again" if status is RunStatus.FAILED else ""
+        return InvalidStateError(f"run {run_id} has finished ({status}): only a run that has not finished "
+                                 f"can be changed this way{retry}")
     return InvalidStateError(
         f"run {run_id} is {status}; this operation needs it to be {' or '.join(sorted(allowed))}"
     )

@@ -495,7 +495,7 @@ class StoreConformance(ScheduleAndLimitConformance):
             await store.wake("c1")
         await store.intervene("c1", {RunStatus.PARKED}, [EventRow.of(RunCancelled(by="o", reason="r"))],
                               RunStatus.CANCELLED)
-        with pytest.raises(InvalidStateError, match="retry"):
+        with pytest.raises(InvalidStateError, match="it has finished"):
             await store.wake("c1")
         with pytest.raises(RunNotFoundError):
             await store.wake("nope")

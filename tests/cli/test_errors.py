@@ -105,12 +105,24 @@ def test_shared_flags_go_anywhere_and_every_command_speaks_json(cli: Cli) -> Non
     other = cli.tmp / "other.db"
     assert cli("migrate", "--store", f"sqlite:///{other}").returncode == 0
     assert json.loads(cli("runs", "list", "--json", "--store", f"sqlite:///{other}").stdout)["total"] == 0
-    worker = run_worker_until(cli, "c1", RunStatus.COMPLETED, "--json")
+    worker = run_worker_until(cli, "c1", RunStatus.COMPLETED, "--json", "--log-format", "json")
     started, stopped = (json.loads(line) for line in worker.stdout.splitlines())
     assert started["event"] == "worker_started" and "steps v1" in started["serving"]
     assert stopped["event"] == "worker_stopped" and stopped["outcomes"]["Completed"] == 1
+    [stopping] = [json.loads(line) for line in worker.stderr.splitlines()]  # the stop, as a log record too
+    assert stopping["event"] == "worker_stopping" and stopping["now"] is False
     version = cli("--version")
     assert version.returncode == 0 and version.stdout.startswith("runifold ")
+
+
+def test_an_app_module_that_raises_on_import_is_a_configuration_error(cli: Cli) -> None:
+    """--app naming a module that raises while importing: exit 2, one line naming --app and the exception."""
+    (cli.tmp / "broken_app.py").write_text("raise RuntimeError('DATABASE_URL is not set')\n")
+    env = {"PYTHONPATH": f"{cli.tmp}{os.pathsep}{ROOT}"}
+    one_line_error(cli("enqueue", "steps", "1", "--app", "broken_app:registry", env=env), 2,
+                   "--app", "RuntimeError: DATABASE_URL is not set")
+    debug = cli("enqueue", "steps", "1", "--app", "broken_app:registry", "--debug", env=env)
+    assert debug.returncode == 2 and "Traceback" in debug.stderr and "broken_app.py" in debug.stderr
 
 
 def test_the_drill_speaks_json(cli: Cli) -> None:

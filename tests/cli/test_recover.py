@@ -154,7 +154,9 @@ async def test_wake_makes_a_rescheduled_or_diverged_run_due_now(any_cli: Cli) ->
         assert info["due_at"] < later - 3_000
     await drive(cli.url, "done", [], Finish(RunStatus.COMPLETED), name="slow")
     finished = cli("wake", "done")
-    assert finished.returncode == 1 and "cannot be woken" in finished.stderr
+    assert finished.returncode == 1 and "cannot be woken: it has finished" in finished.stderr
+    cancelled = cli("cancel", "done", "--reason", "too late")
+    assert cancelled.returncode == 1 and "has finished (completed): only a run that has not finished" in cancelled.stderr
 
 
 async def test_runs_list_pages_with_a_total_and_times(cli: Cli) -> None:

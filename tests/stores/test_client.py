@@ -16,6 +16,7 @@ from runifold import (
     RunFailedError,
     RunStatus,
     Supervisor,
+    UnknownWorkflowError,
     WorkflowContext,
     WorkflowDefinition,
     WorkflowRegistry,
@@ -85,6 +86,17 @@ async def test_result_times_out_and_cancel_ends_the_run(store: Any) -> None:
     with pytest.raises(RunFailedError) as cancelled:
         await handle.result(timeout=5)
     assert cancelled.value.status == RunStatus.CANCELLED and "not needed" in cancelled.value.reason
+    assert cancelled.value.error_type == "" and cancelled.value.traceback == ""
+
+
+async def test_start_by_a_name_the_registry_lacks_is_refused(store: Any) -> None:
+    """Given a registry, start() by name refuses a (name, version) it does not hold, and enqueues nothing."""
+    client = Client(store, registry)
+    with pytest.raises(UnknownWorkflowError, match="no workflow 'no-such-flow' version 1"):
+        await client.start("no-such-flow", {}, version=1, checkpoint_id="x1")
+    assert await store.list_runs() == []
+    handle = await Client(store).start("no-such-flow", {}, version=1, checkpoint_id="x1")  # no registry: enqueued
+    assert (await handle.status()).name == "no-such-flow"
 
 
 @pytest.mark.parametrize("open_store", ["memory", "postgres"], indirect=True)
