@@ -87,9 +87,9 @@ async def main(url: str) -> None:
         fleet = Supervisor(worker, concurrency=4, idle_wait=timedelta(milliseconds=50))
         running = asyncio.create_task(fleet.run(handle_signals=False))
         try:
-            run = await client.start(fulfil, {"order_id": "ord_7", "cents": 4200, "items": 3}, checkpoint_id="ord_7")
+            run = await client.start(fulfil, {"order_id": "ord_9", "cents": 4200, "items": 3}, checkpoint_id="ord_9")
             result = await run.result(timeout=30)
-            print(f"fulfil ord_7 -> {result}")
+            print(f"fulfil ord_9 -> {result}")
             history = [e.type for e in await client.store.history(run.run_id)]
             print("parent history:", history)
             for key, child in (await _children(client.store, run.run_id)).items():

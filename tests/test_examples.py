@@ -56,7 +56,7 @@ def test_children_example(tmp_path: Path, kind: str) -> None:
     else:
         url = f"sqlite:///{tmp_path / 'children.db'}"
     out = run_example("children.py", tmp_path, url)
-    assert "fulfil ord_7 -> Fulfilment(invoice=Invoice(order_id='ord_7', total_cents=4200)" in out
+    assert "fulfil ord_9 -> Fulfilment(invoice=Invoice(order_id='ord_9', total_cents=4200)" in out
     assert out.count("child_started") == 2 and out.count("signal_received") == 2
     assert "child child.bill#1: bill v1 completed" in out and "child child.pack#1: pack v1 completed" in out
 

@@ -43,8 +43,8 @@ async def test_approval_waits_for_alice_and_expires_without_her() -> None:
 async def test_children_return_typed_results() -> None:
     """The parent gets its two children's results, typed, and nothing runs twice."""
     async with WorkflowEnvironment(children.registry) as env:
-        run = await env.start(children.fulfil, {"order_id": "ord_7", "cents": 4200, "items": 3})
+        run = await env.start(children.fulfil, {"order_id": "ord_9", "cents": 4200, "items": 3})
         result = await env.result(run)
-        assert result == children.Fulfilment(children.Invoice("ord_7", 4200), children.Parcel("ord_7", 3))
+        assert result == children.Fulfilment(children.Invoice("ord_9", 4200), children.Parcel("ord_9", 3))
         assert await env.store.count_runs(name="bill") == 1 and await env.store.count_runs(name="pack") == 1
         await env.assert_replays()
