@@ -167,15 +167,17 @@ class TimerDone:
     pass
 
 
-def timer_state(events: Sequence[AnyEvent]) -> Fresh | TimerPending | TimerDone:
+def timer_state(events: Sequence[AnyEvent]) -> Fresh | TimerPending | TimerDone | Cancelled:
     """Fold the events of one timer key."""
-    state: Fresh | TimerPending | TimerDone = Fresh()
+    state: Fresh | TimerPending | TimerDone | Cancelled = Fresh()
     for event in events:
         match event:
             case TimerStarted(fire_at=fire_at):
                 state = TimerPending(fire_at)
             case TimerFired():
                 state = TimerDone()
+            case CallCancelled():
+                state = Cancelled()
             case _:
                 pass
     return state
@@ -197,7 +199,7 @@ class WaitTimedOut:
     name: str
 
 
-WaitState = Fresh | WaitPending | WaitReceived | WaitTimedOut
+WaitState = Fresh | WaitPending | WaitReceived | WaitTimedOut | Cancelled
 
 
 def wait_state(events: Sequence[AnyEvent]) -> WaitState:
@@ -211,6 +213,8 @@ def wait_state(events: Sequence[AnyEvent]) -> WaitState:
                 state = WaitReceived(payload)
             case SignalTimedOut(name=name):
                 state = WaitTimedOut(name)
+            case CallCancelled():
+                state = Cancelled()
             case _:
                 pass
     return state

@@ -130,6 +130,8 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 effect_events.setdefault(key, []).append(event)
             case CallCancelled(key=key, kind="effect"):
                 effect_events.setdefault(key, []).append(event)
+            case CallCancelled(key=key, kind="timer" | "signal"):
+                waits.pop(key, None)
             case CallCancelled(ran=ran):
                 steps += ran
             case UsageCharged(units=charged):

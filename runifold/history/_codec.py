@@ -118,31 +118,40 @@ def _pydantic_adapter(type_: Any) -> Any:
     return pydantic.TypeAdapter(type_) if involves(type_) else None
 
 
-def _to_type(value: Any, type_: Any) -> Any:
-    """``value`` (JSON builtins) as ``type_``; raises ValueError (msgspec's or pydantic's) when it does not fit."""
+def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
+    """``value`` (JSON builtins) as ``type_``; raises ValueError (msgspec's or pydantic's) when it does not fit.
+
+    A pydantic model validates by pydantic's own rules. Otherwise ``strict`` reads the value as the JSON
+    data of ``type_`` and nothing else (``"true"`` is no bool, ``1`` no string; object keys, being strings
+    in JSON, may still name ints); lax conversion (for what runifold's own encoder wrote) also parses
+    strings as numbers and bools.
+    """
     try:
         adapter = _pydantic_adapter(type_)
     except TypeError:  # an unhashable annotation: not a pydantic one
         adapter = None
     if adapter is not None:
         return adapter.validate_python(value)
+    if strict:
+        return msgspec.json.decode(msgspec.json.encode(value), type=type_)
     return msgspec.convert(value, type_, strict=False)
 
 
 RECORDED = "the type changed incompatibly: register the change as a new version"
 
 
-def convert(value: Any, type_: Any, *, what: str, advice: str = RECORDED) -> Any:
+def convert(value: Any, type_: Any, *, what: str, advice: str = RECORDED, strict: bool = False) -> Any:
     """Convert JSON builtins to ``type_``: what workflow code receives, live or replayed.
 
     ``advice`` ends the error's message: what to do about a value that does not fit. The default suits a
     value read back from the log (the code's type changed); data from a sender or an operator says
-    what to send instead.
+    what to send instead. ``strict`` is for data that comes from outside (inputs, signal payloads,
+    resolutions): see :func:`_to_type`.
     """
     if type_ is Any:
         return value
     try:
-        return _to_type(value, type_)
+        return _to_type(value, type_, strict)
     except ValueError as exc:  # msgspec.ValidationError and pydantic.ValidationError are ValueErrors
         raise SerializationError(
             f"{'recorded ' if advice is RECORDED else ''}value of {what} does not fit its annotated type "
@@ -197,7 +206,7 @@ def accept(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     if type_ is Any:
         return record(value, type_, what=what)
     advice = f"give the JSON data of a {_name(type_)}"
-    return record(convert(to_plain(value, what=what), type_, what=what, advice=advice), type_, what=what)
+    return record(convert(to_plain(value, what=what), type_, what=what, advice=advice, strict=True), type_, what=what)
 
 
 def brief(exc: BaseException) -> str:

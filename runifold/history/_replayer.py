@@ -124,9 +124,9 @@ def _resolved(kind: CallKind, events: Sequence[AnyEvent]) -> bool:
         case CallKind.EFFECT:
             return isinstance(effect_state(events), (Done, Failed, Cancelled))
         case CallKind.TIMER:
-            return isinstance(timer_state(events), TimerDone)
+            return isinstance(timer_state(events), (TimerDone, Cancelled))
         case CallKind.SIGNAL:
-            return isinstance(wait_state(events), (WaitReceived, WaitTimedOut))
+            return isinstance(wait_state(events), (WaitReceived, WaitTimedOut, Cancelled))
         case CallKind.CHILD:
             return True  # its only event, child_started, is its outcome (the child's end comes as a signal)
         case CallKind.VALUE | CallKind.CHARGE:

@@ -207,11 +207,21 @@ class Execution(LiveProgress, Replaying):
 
     async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
         fire_at = until if until is not None else self.store_time() + (delay or 0.0)
-        await self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at).future
+        call = self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at)
+        try:
+            await call.future
+        except asyncio.CancelledError:
+            self._abandon(call)
+            raise
 
     async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any = Any) -> Any:
         deadline = None if timeout is None else self.store_time() + timeout
-        return await self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name, due=deadline).future
+        call = self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name, due=deadline)
+        try:
+            return await call.future
+        except asyncio.CancelledError:
+            self._abandon(call)
+            raise
 
     async def start_child(self, scope: Scope, workflow: Any, input: Mapping[str, Any], version: int | None,
                           checkpoint_id: str | None) -> tuple[str, str]:

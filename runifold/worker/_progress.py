@@ -114,7 +114,7 @@ class LiveProgress:
         """A signal's payload as the wait's type; one that does not fit is the workflow's error, live and replayed."""
         try:
             return convert(payload, call.returns, what=f"the payload of signal {call.name!r} ({call.key})",
-                           advice="the sender must send a payload of that type"), None
+                           advice="the sender must send a payload of that type", strict=True), None
         except SerializationError as exc:
             return None, exc
 
@@ -123,12 +123,13 @@ class LiveProgress:
         self._resolutions.append((call, value, error))
 
     def _abandon(self, call: Call) -> None:
-        """Workflow code stopped waiting for a step or effect (it cancelled it) before its outcome was known.
+        """Workflow code stopped waiting for a call (it cancelled it) before its outcome was known.
 
-        A step's body is cancelled and ``call_cancelled`` recorded, before the cancelled task runs on, so the
-        scope's next call comes after it in the log, as in the code; its outcome is never recorded. An effect
-        that has started runs on and its outcome is recorded (it may have touched the world already); one
-        that never started is cancelled like a step. A replay (and a teardown) records nothing.
+        ``call_cancelled`` is recorded before the cancelled task runs on, so the scope's next call comes
+        after it in the log, as in the code, and the call's outcome is never recorded: a step's body is
+        cancelled, a timer never fires, a signal wait consumes nothing. An effect that has started runs on
+        and its outcome is recorded (it may have touched the world already); one that never started is
+        cancelled like a step. A replay (and a teardown) records nothing.
         """
         if self._closing or self._replaying or self._live is None or call.cancelled:
             return

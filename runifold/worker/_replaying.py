@@ -104,7 +104,7 @@ class Replaying:
             case CallKind.TIMER:
                 timer = timer_state(events)
                 match timer:
-                    case TimerDone():
+                    case TimerDone() | Cancelled():
                         return False
                     case TimerPending(fire_at=fire_at):
                         call.due = fire_at
@@ -116,7 +116,7 @@ class Replaying:
             case CallKind.SIGNAL:
                 wait = wait_state(events)
                 match wait:
-                    case WaitReceived() | WaitTimedOut():
+                    case WaitReceived() | WaitTimedOut() | Cancelled():
                         return False
                     case WaitPending(deadline=deadline):
                         call.due = deadline
@@ -142,6 +142,7 @@ class Replaying:
                 return False  # workflow code has not reached it (yet)
             if call.future.done():
                 self._cursor += 1
+                self.report.steps.append((call.key, "cancelled"))
                 continue  # workflow code stopped waiting for it (cancelled): nothing to hand over
             if not self.replayer.made_before(call.key):
                 return False  # a branch has yet to make a call the live run made before this outcome came
@@ -182,6 +183,8 @@ class Replaying:
                     return None, StepFailedError(key, state.error, state.attempts, failed[-1].error_type if failed else "")
                 return None, EffectFailedError(key, state.error)
             case CallKind.TIMER:
+                if isinstance(timer_state(events), Cancelled):
+                    return None
                 steps.append((key, "timer fired"))
                 return None, None
             case CallKind.CHILD:
@@ -191,6 +194,8 @@ class Replaying:
                 return (started.run_id, started.checkpoint_id), None
             case CallKind.SIGNAL:
                 wait = wait_state(events)
+                if isinstance(wait, Cancelled):
+                    return None
                 if isinstance(wait, WaitReceived):
                     steps.append((key, "signal received"))
                     return self._payload(call, wait.payload)

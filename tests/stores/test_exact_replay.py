@@ -602,3 +602,44 @@ async def test_an_outcome_waits_for_calls_the_live_run_made_before_it(store: Any
     for _ in range(3):
         problems = await asyncio.wait_for(replay_problems(store, WorkflowRegistry(definition), "f1", done.output), 10)
         assert not problems
+
+
+@workflow("abandoned-waits")
+async def abandoned_waits(ctx: WorkflowContext) -> list[Any]:
+    out: list[Any] = []
+    try:
+        out.append(await asyncio.wait_for(ctx.wait_signal("go"), 0.05))
+    except TimeoutError:
+        out.append("no signal in time")
+    try:
+        async with asyncio.timeout(0.05):
+            await ctx.sleep(timedelta(seconds=0.3))  # due long before the run resumes
+        out.append("slept")
+    except TimeoutError:
+        out.append("sleep cut short")
+    out.append(await ctx.wait_signal("go"))
+    return out
+
+
+async def test_timers_and_waits_the_code_stops_waiting_for_are_cancelled(store: Any) -> None:
+    """A signal wait under wait_for and a durable sleep under asyncio.timeout: call_cancelled is recorded for
+    each, the checkpoint lists only the wait still open, the cancelled timer never fires (even once its time
+    has passed), the next signal goes to the live wait, and the run replays exactly."""
+    from runifold.history import CallCancelled, fold
+
+    definition = WorkflowDefinition(abandoned_waits, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("abandoned-waits", 1, {}, checkpoint_id="a1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    history = await entries(store, "a1")
+    cancelled = [(e.event.key, e.event.kind) for e in history if isinstance(e.event, CallCancelled)]
+    assert cancelled == [("1/wait.go#1", "signal"), ("sleep#1", "timer")]
+    assert [w.key for w in fold(history).waits] == ["wait.go#1"]
+    await asyncio.sleep(0.4)  # the abandoned timer's time passes
+    assert isinstance(await worker(store, definition).run_once(), Idle)  # nothing is due: the timer does not wake it
+    await send_signal(store, "a1", "go", "g1", "approved")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ["no signal in time", "sleep cut short", "approved"]
+    assert "timer_fired" not in await event_types(store, "a1")
+    assert not await replay_problems(store, WorkflowRegistry(definition), "a1", done.output)
+    report = await replay_run(store, WorkflowRegistry(definition), "a1")  # the debugger lists what was cancelled
+    assert report.steps == [("1/wait.go#1", "cancelled"), ("sleep#1", "cancelled"), ("wait.go#1", "signal received")]
