@@ -95,7 +95,8 @@ def bind_input(definition: WorkflowDefinition, data: dict[str, Any]) -> dict[str
     kwargs = {}
     for name, value in data.items():
         try:
-            kwargs[name] = convert(value, types[name], what=f"parameter {name!r}", advice="pass a value of that type")
+            kwargs[name] = convert(value, types[name], what=f"parameter {name!r}", advice="pass a value of that type",
+                                   strict=True)
         except SerializationError as exc:
             raise InvalidInputError(
                 f"input for workflow {definition.name!r} v{definition.version}: parameter {name!r} expects "

@@ -31,6 +31,7 @@ from runifold import (
     step,
     workflow,
 )
+from tests.corpus.check import replay_problems
 from tests.support import send_signal, worker
 
 calls: Counter[str] = Counter()
@@ -137,6 +138,43 @@ async def test_a_signal_payload_that_does_not_fit_its_type_is_the_workflow_error
     await send_signal(store, "s1", "approval", "a1", {"approved": "maybe"})
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output == "refused: True"
+
+
+@dataclasses.dataclass
+class Decision:
+    approved: bool
+    votes: dict[int, str]
+
+
+@workflow("strict-signal")
+async def strict_signal(ctx: WorkflowContext, limit: float) -> list[str]:
+    seen = []
+    for _ in range(3):
+        try:
+            decision = await ctx.wait_signal("decision", type=Decision)
+            seen.append(f"{decision.approved} {decision.votes}")
+        except SerializationError as exc:
+            seen.append(f"refused: {'Expected `bool`' in str(exc)}")
+    return seen
+
+
+async def test_data_from_outside_is_read_strictly_as_json_of_its_type(store: Any) -> None:
+    """A payload or an input is the JSON data of its type: 1 or "true" is no bool, "1.5" no float; object keys
+    may still name ints, and an int is a float. The same payloads give the same values on replay."""
+    definition = WorkflowDefinition(strict_signal, signals={"decision": {"*"}})
+    registry = WorkflowRegistry(definition)
+    with pytest.raises(InvalidInputError, match="parameter 'limit'"):
+        registry.validate(WorkflowTask("strict-signal", 1, {"limit": "1.5"}))
+    await store.enqueue(registry.validate(WorkflowTask("strict-signal", 1, {"limit": 2}, checkpoint_id="s1")))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await send_signal(store, "s1", "decision", "d1", {"approved": 1, "votes": {}})
+    await send_signal(store, "s1", "decision", "d2", {"approved": "true", "votes": {}})
+    await send_signal(store, "s1", "decision", "d3", {"approved": True, "votes": {"7": "alice"}})
+    done = await worker(store, definition).run_once()
+    while isinstance(done, Suspended):
+        done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ["refused: True", "refused: True", "True {7: 'alice'}"]
+    assert not await replay_problems(store, registry, "s1", done.output)
 
 
 _threads: list[str] = []
