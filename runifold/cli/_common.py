@@ -73,7 +73,7 @@ def registry_of(args: argparse.Namespace) -> WorkflowRegistry:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise UsageError(f"cannot import {module_name!r} for --app: {exc}") from exc
-    except Exception as exc:  # the module itself raised while importing: the app's error, not ours
+    except (Exception, SystemExit) as exc:  # the module raised (or exited) while importing: the app's error
         raise UsageError(f"importing {module_name!r} for --app raised {type(exc).__name__}: {exc} "
                          "(fix the module; --debug shows the traceback)") from exc
     if not hasattr(module, attribute):

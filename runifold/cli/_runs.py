@@ -261,6 +261,8 @@ async def replay_cmd(args: argparse.Namespace) -> int:
     registry = registry_of(args)
     if not args.all and not args.run:
         raise UsageError("give a RUN to replay, or --all")
+    if args.all and args.run:
+        raise UsageError(f"give a RUN to replay or --all, not both (got {args.run!r} and --all)")
     store = await store_of(args, readonly=True)
     try:
         if args.all:

@@ -142,6 +142,10 @@ class Supervisor:
                 self._count(type(outcome).__name__)
                 if isinstance(outcome, (Idle, DefinitionUnavailable)):
                     await self._idle()
+            except asyncio.CancelledError:
+                if claim is not None:
+                    self._count("Released")  # stopped in flight: the execution released its lease
+                raise
             except Exception as exc:  # noqa: BLE001 - a slot outlives anything a run or the store raises
                 failures += 1
                 await self._survive(index, claim, exc)

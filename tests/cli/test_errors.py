@@ -40,6 +40,7 @@ def test_bad_values_are_usage_errors(cli: Cli) -> None:
     one_line_error(cli("runs", "list", "--limit", "0"), 2, "--limit")
     one_line_error(cli("runs", "list", "--no-such-flag"), 2, "unrecognized arguments: --no-such-flag")
     one_line_error(cli("frobnicate"), 2, "invalid choice: 'frobnicate'")
+    one_line_error(cli("replay", "c1", "--all"), 2, "not both")
     assert not (cli.tmp / "cli.db").exists()  # nothing was opened, let alone created
 
 
@@ -123,6 +124,8 @@ def test_an_app_module_that_raises_on_import_is_a_configuration_error(cli: Cli) 
                    "--app", "RuntimeError: DATABASE_URL is not set")
     debug = cli("enqueue", "steps", "1", "--app", "broken_app:registry", "--debug", env=env)
     assert debug.returncode == 2 and "Traceback" in debug.stderr and "broken_app.py" in debug.stderr
+    (cli.tmp / "exiting_app.py").write_text("import sys\nsys.exit(0)\n")  # a deploy check must not pass on this
+    one_line_error(cli("replay", "--all", "--app", "exiting_app:registry", env=env), 2, "--app", "SystemExit")
 
 
 def test_the_drill_speaks_json(cli: Cli) -> None:
@@ -181,11 +184,12 @@ async def test_a_second_interrupt_stops_the_worker_at_once(cli: Cli) -> None:
         time.sleep(0.5)
         assert proc.poll() is None  # the first Ctrl-C waits for the run
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and "Ctrl-C again to stop at once" in err and "stopping now" in err
+    assert "Released 1" in out  # the run it was running is counted as handed back
     store = await open_store(cli.url)
     try:
         run = await store.get_run("s1")
