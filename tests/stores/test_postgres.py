@@ -246,6 +246,11 @@ async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_wri
         with pytest.raises(StoreError, match=f"version {behind}, older.*runifold migrate"):
             await open_url(empty, readonly=True)
         assert await probe.fetchval("SELECT max(version) FROM runifold_schema") == behind
+        # a schema ahead of this runifold's (a newer one migrated it): refused, writable or read-only
+        monkeypatch.setattr(postgres, "SCHEMA_VERSION", behind - 1)
+        for readonly in (False, True):
+            with pytest.raises(StoreError, match=f"version {behind}, newer"):
+                await open_url(empty, readonly=readonly)
         await probe.close()
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
