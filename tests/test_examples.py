@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,18 @@ async def test_concurrency_example(kind: str, tmp_path: Path) -> None:
     out = run_example("concurrency.py", tmp_path, await _store_url(kind, tmp_path, "concurrency.db"))
     assert "a sync of bob carries key 'customer:bob' with limit 1" in out
     assert "most at once: customer:alice 1, customer:bob 1, payout 2 (limits" in out, out
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_types_example(kind: str, tmp_path: Path) -> None:
+    """A pydantic input (a bad one refused naming the field), dataclass and Struct results, a thread step, a
+    retried timeout, a typed signal payload, and step log lines carrying the run id and the call key."""
+    out = run_example("types.py", tmp_path, await _store_url(kind, tmp_path, "types.db"))
+    assert "refused: input for workflow 'quote-order' v1: parameter 'order'" in out
+    assert "quantity: Input should be greater than 0" in out
+    assert ("quote-order q-1 -> Outcome(quote=Quote(order_id='q-1', cents=3750, valid_until=datetime.datetime(2026, 12, 8, "
+            "9, 0, tzinfo=datetime.timezone.utc)), reservation='res-q-1', approved_by='alice')") in out
+    assert "types: Outcome Quote datetime" in out
+    assert "reserve: [('step_failed', 'reserve#1'), ('step_completed', 'reserve#1')]" in out
+    [pricing] = [json.loads(line) for line in out.splitlines() if '"event": "pricing"' in line]
+    assert pricing["key"] == "price#1" and pricing["run_id"].startswith("run_") and pricing["quantity"] == 3
