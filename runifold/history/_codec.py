@@ -66,6 +66,11 @@ def encode_value(value: Any, *, what: str) -> bytes:
     """
     try:
         raw = _encoder.encode(value)
+    except RecursionError:
+        raise SerializationError(
+            f"{what} cannot be recorded: it is nested too deeply to encode (hundreds of levels); "
+            "flatten it, e.g. into a list"
+        ) from None
     except UnicodeEncodeError as exc:
         raise SerializationError(
             f"{what} cannot be recorded: it holds a string that is not valid Unicode ({exc.reason}); "

@@ -116,6 +116,14 @@ class _Stop(Exception):
     """Ends the driver: the lease is lost or the store failed. Never reaches workflow code."""
 
 
+class _Unrecordable(Exception):
+    """A buffered event cannot be encoded (a value nested too deeply to encode inside its event)."""
+
+    def __init__(self, error: SerializationError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class Execution(LiveProgress, Replaying):
     """Drives one run: live under a claim, or as the debugger with no store."""
 
@@ -330,6 +338,14 @@ class Execution(LiveProgress, Replaying):
                 outcome = await self._drive()
                 assert outcome is not None
                 return outcome
+            except _Unrecordable as unrecordable:
+                # invariant: nothing of the buffer is written; the run fails with why, once, instead of
+                # running its steps again at every claim
+                await self._halt_bodies()
+                self._buffer.clear()
+                self._outbox.clear()
+                self._consumed.clear()
+                return await self._finish_failed((str(unrecordable.error), unrecordable.error, ""))
             except _Stop:
                 await self._halt_bodies()
                 if self._store_error is not None:
@@ -466,7 +482,10 @@ class Execution(LiveProgress, Replaying):
         assert live is not None
         buffered, outbox, consumed = len(self._buffer), list(self._outbox), list(self._consumed)
         events = self._buffer[:buffered] + [event for batch, _ in outbox for event in batch]
-        rows = [EventRow.of(event) for event in events]
+        try:
+            rows = [EventRow.of(event) for event in events]
+        except SerializationError as exc:
+            raise _Unrecordable(exc) from None
         while True:
             try:
                 result = await live.store.commit(live.lease, self.revision, rows, transition, consumed)

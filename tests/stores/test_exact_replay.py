@@ -258,6 +258,39 @@ async def test_a_result_that_cannot_be_recorded_fails_the_run_and_replays_as_tha
         assert isinstance(outcome, Completed) and report.error is None and report.result == {"ratio": 1.0}
 
 
+@step()
+async def nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+@workflow("deep-output")
+async def deep_output(ctx: WorkflowContext, depth: int) -> int:
+    await nested(depth)
+    return depth
+
+
+async def test_an_output_nested_too_deeply_fails_the_run_once(store: Any) -> None:
+    """Outputs nested deeper and deeper: each run completes or fails for good naming the nesting, whether the
+    step's output or the event carrying it is what cannot be encoded; none raises, none runs its step again."""
+    definition = WorkflowDefinition(deep_output)
+    seen = set()
+    for depth in range(700, 1200):
+        ref = f"d{depth}"
+        await store.enqueue(WorkflowTask("deep-output", 1, {"depth": depth}, checkpoint_id=ref))
+        outcome = await worker(store, definition).run_once()
+        if isinstance(outcome, Failed):
+            assert "nested too deeply" in outcome.reason, outcome.reason
+            assert (await store.get_run(ref)).status is RunStatus.FAILED
+            seen.add("failed")
+        else:
+            assert isinstance(outcome, Completed) and outcome.output == depth
+            seen.add("completed")
+    assert seen == {"completed", "failed"}
+
+
 # -- 6. a retry waits for its own backoff, whatever a sibling's timer says ---------------------------
 
 
