@@ -53,6 +53,16 @@ class Scope:
         self._children += 1
         return Scope(f"{self.path}{self._children}/")
 
+    def reserve(self, count: int) -> int:
+        """Take the numbers of the next ``count`` tasks created from this one at once; return the last one before."""
+        base = self._children
+        self._children += count
+        return base
+
+    def child_at(self, number: int) -> Scope:
+        """Return the scope of the task numbered ``number`` (one that :meth:`reserve` took)."""
+        return Scope(f"{self.path}{number}/")
+
 
 class Driver(Protocol):
     """What executes a run's calls: the live worker or the debug replayer."""

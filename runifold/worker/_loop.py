@@ -30,14 +30,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-from collections.abc import Callable, Coroutine
+import sys
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from runifold._log import get_logger
 
-from runifold.dsl._context import Binding, current
+from runifold.dsl._context import Binding, Scope, current
 
 log = get_logger("runifold.worker")
+
+# where asyncio.as_completed turns the coroutines it was given into tasks (3.13 moved it into a class)
+_SET_ORDERED = frozenset(
+    getattr(fn, "__code__") for fn in (asyncio.tasks.as_completed,
+                                       getattr(getattr(asyncio.tasks, "_AsCompletedIterator", None), "__init__", None))
+    if hasattr(fn, "__code__")
+)
+#: frames between create_task and as_completed's: ensure_future, _ensure_future and the set comprehension
+_FRAMES_TO_AS_COMPLETED = 6
 
 
 class WorkflowLoop(asyncio.AbstractEventLoop):
@@ -60,6 +70,9 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._stepping = False
         #: every task created on this loop that has not finished (strong references)
         self.tasks: set[asyncio.Task[Any]] = set()
+        #: the asyncio.as_completed call creating tasks now: its frame, the list it was given, the task number
+        #: before the first, and how many of its coroutines are still to be created
+        self._listing: tuple[Any, Sequence[Any], int, int] | None = None
 
     # -- what the driver uses ---------------------------------------------------------
 
@@ -178,8 +191,36 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         binding = ctx.get(current)
         if binding is not None:
             # invariant: the i-th task created from scope s gets scope s + "i/", on every replay alike
-            ctx.run(current.set, Binding(binding.driver, binding.scope.child()))
+            scope = self._listed_scope(binding.scope, coro) or binding.scope.child()
+            ctx.run(current.set, Binding(binding.driver, scope))
         return self._task(coro, ctx, name)
+
+    def _listed_scope(self, scope: Scope, coro: Any) -> Scope | None:
+        """The scope of a task ``asyncio.as_completed`` creates for one of the coroutines it was given, else None.
+
+        It creates them in the order of a set of the coroutines, which follows their ids and so differs from
+        one execution to the next. Numbered by their places in the list it was given, they get the same
+        scopes (and their calls the same keys) in every replay as in the live run.
+        """
+        frame = sys._getframe(2)
+        for _ in range(_FRAMES_TO_AS_COMPLETED):
+            if frame is None or frame.f_code in _SET_ORDERED:
+                break
+            frame = frame.f_back
+        if frame is None or frame.f_code not in _SET_ORDERED:
+            return None
+        if self._listing is None or self._listing[0] is not frame:
+            given = frame.f_locals.get("fs", frame.f_locals.get("aws"))
+            if not isinstance(given, (list, tuple)):
+                raise NotImplementedError(
+                    "asyncio.as_completed starts the coroutines it is given in an arbitrary order, so in workflow "
+                    "code it needs them in a list or tuple (or create the tasks first with asyncio.create_task)")
+            coroutines = sum(1 for c in given if asyncio.iscoroutine(c))
+            self._listing = (frame, given, scope.reserve(len(given)), coroutines)
+        listed, given, base, left = self._listing
+        place = next(i for i, c in enumerate(given) if c is coro)
+        self._listing = (listed, given, base, left - 1) if left > 1 else None  # the last one lets the frame go
+        return scope.child_at(base + place + 1)
 
     def _task(self, coro: Any, ctx: contextvars.Context, name: str | None) -> asyncio.Task[Any]:
         task = asyncio.Task(coro, loop=self, context=ctx, name=name)

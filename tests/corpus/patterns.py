@@ -274,11 +274,21 @@ async def first_completed(ctx: WorkflowContext, n: int) -> list[str]:
 
 
 @workflow("as-completed")
-async def as_completed(ctx: WorkflowContext, n: int) -> list[str]:
+async def as_completed(ctx: WorkflowContext, n: int) -> list[Any]:
+    """as_completed over coroutines (it makes their tasks in the order of a set) and over step calls; each
+    coroutine must get back its own step's output, also after a suspension between the step and its return."""
+    async def fetch(i: int) -> list[Any]:
+        got = await slow(ctx.run_id, f"fetch-{i}", 0.01 * (4 - i))
+        await ctx.sleep(TICK)
+        return [i, got]
+
+    fetched = [await finished for finished in asyncio.as_completed([fetch(i) for i in range(4)])]
+    if any(got != f"fetch-{i}" for i, got in fetched):
+        raise AssertionError(f"a coroutine got another one's output: {fetched}")
     calls = [slow(ctx.run_id, f"ac-{i}", 0.02 * (3 - i)) for i in range(3)]
     order = [await finished for finished in asyncio.as_completed(calls)]
     await ctx.wait_signal("go")
-    return order
+    return [sorted(fetched), order]
 
 
 @workflow("nested-gather")

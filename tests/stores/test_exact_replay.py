@@ -676,3 +676,17 @@ async def test_timers_and_waits_the_code_stops_waiting_for_are_cancelled(store: 
     assert not await replay_problems(store, WorkflowRegistry(definition), "a1", done.output)
     report = await replay_run(store, WorkflowRegistry(definition), "a1")  # the debugger lists what was cancelled
     assert report.steps == [("1/wait.go#1", "cancelled"), ("sleep#1", "cancelled"), ("wait.go#1", "signal received")]
+
+
+@workflow("as-completed-unordered")
+async def as_completed_unordered(ctx: WorkflowContext) -> list[int]:
+    return [await f for f in asyncio.as_completed(map(count, ["g1", "g2", "g3"]))]
+
+
+@pytest.mark.filterwarnings("ignore:coroutine 'count' was never awaited")
+async def test_as_completed_over_coroutines_in_no_order_is_refused(store: Any) -> None:
+    """as_completed starts the coroutines of an iterator (or a set) in an arbitrary order and keeps no list of
+    them: the run fails saying to pass a list (a list is numbered by its places; the corpus runs that shape)."""
+    await store.enqueue(WorkflowTask("as-completed-unordered", 1, {}, checkpoint_id="g1"))
+    outcome = await worker(store, WorkflowDefinition(as_completed_unordered)).run_once()
+    assert isinstance(outcome, Failed) and "as_completed" in outcome.reason and "list or tuple" in outcome.reason

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from runifold import RunStatus, StoreUnavailableError, Supervisor, WorkflowContext, WorkflowDefinition, WorkflowTask, step, workflow
+from runifold import Failed, RunStatus, StoreUnavailableError, Supervisor, WorkflowContext, WorkflowDefinition, WorkflowTask, step, workflow
 from runifold.stores.memory import MemoryWorkflowStore
 from tests.support import worker
 
@@ -17,7 +17,7 @@ from tests.support import worker
 @workflow("self-referencing")
 async def self_referencing(ctx: WorkflowContext) -> list[Any]:
     value: list[Any] = []
-    value.append(value)  # cannot be encoded: serialising it raises RecursionError, not a runifold error
+    value.append(value)  # cannot be encoded: serialising it never ends
     return value
 
 
@@ -56,22 +56,52 @@ async def supervise_until(supervisor: Supervisor, store: Any, ref: str, status: 
         await asyncio.wait_for(running, 10)
 
 
+class _BuggyCommit:
+    """A store whose first commit raises an exception that is not a runifold error (a bug in a driver, say)."""
+
+    def __init__(self, store: MemoryWorkflowStore) -> None:
+        self._store = store
+        self.raised = False
+
+    async def commit(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("a bug in the store driver")
+        return await self._store.commit(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
 async def test_a_slot_survives_an_exception_that_is_not_a_runifold_error(caplog: pytest.LogCaptureFixture) -> None:
-    """A run raising a non-runifold exception is logged with its traceback, counted and released; the slot goes on."""
+    """A run whose execution raises a non-runifold exception is logged with its traceback, counted and handed back
+    at once; the slot goes on, and both runs complete."""
+    store = MemoryWorkflowStore()
+    first = await store.enqueue(WorkflowTask("good", 1, {"n": 1}, checkpoint_id="first"))
+    await store.enqueue(WorkflowTask("good", 1, {"n": 2}, checkpoint_id="second"))
+    supervisor = Supervisor(worker(_BuggyCommit(store), WorkflowDefinition(good)), 1, idle_wait=timedelta(seconds=0.05))
+    with caplog.at_level(logging.ERROR, logger="runifold"):
+        # one slot: the runs complete only if the slot outlived the exception
+        running = asyncio.create_task(supervisor.run(handle_signals=False))
+        try:
+            for ref in ("first", "second"):
+                await asyncio.wait_for(wait_status(store, ref, RunStatus.COMPLETED), 10)
+        finally:
+            supervisor.stop()
+            await asyncio.wait_for(running, 10)
+    assert supervisor.outcomes.get("UnexpectedError") == 1 and supervisor.outcomes.get("Completed") == 2
+    record = next(r for r in caplog.records if getattr(r, "event", "") == "slot_unexpected_error")
+    assert record.levelno == logging.ERROR and record.run_id == first.run_id  # type: ignore[attr-defined]
+    assert record.exc_info is not None and record.exc_info[0] is RuntimeError
+
+
+async def test_a_self_referencing_result_fails_its_run() -> None:
+    """A result that refers to itself cannot be encoded: the run fails saying so, once (it is not run again)."""
     store = MemoryWorkflowStore()
     await store.enqueue(WorkflowTask("self-referencing", 1, {}, checkpoint_id="poison"))
-    await store.enqueue(WorkflowTask("good", 1, {"n": 1}, checkpoint_id="fine"))
-    supervisor = Supervisor(worker(store, WorkflowDefinition(self_referencing), WorkflowDefinition(good)), 1,
-                            idle_wait=timedelta(seconds=0.05))
-    with caplog.at_level(logging.ERROR, logger="runifold"):
-        # one slot: the good run completes only if the slot outlived the poison run
-        await supervise_until(supervisor, store, "fine", RunStatus.COMPLETED)
-    assert supervisor.outcomes.get("UnexpectedError", 0) >= 1 and supervisor.outcomes.get("Completed") == 1
-    record = next(r for r in caplog.records if getattr(r, "event", "") == "slot_unexpected_error")
-    assert record.levelno == logging.ERROR and record.run_id == (await store.get_run("poison")).run_id  # type: ignore[attr-defined]
-    assert record.exc_info is not None and record.exc_info[0] is RecursionError
-    poison = await store.get_run("poison")
-    assert poison.status is RunStatus.READY and poison.lease_owner is None  # released, not left to its lease
+    outcome = await worker(store, WorkflowDefinition(self_referencing)).run_once()
+    assert isinstance(outcome, Failed) and "nested too deeply" in outcome.reason
+    assert (await store.get_run("poison")).status is RunStatus.FAILED
 
 
 class _FlakyClaims:
