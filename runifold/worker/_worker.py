@@ -73,9 +73,10 @@ class WorkflowWorker:
         """Drive a claimed run."""
         definition = self.registry.get(claim.name, claim.version)
         if definition is None:
-            # invariant: the run is handed back untouched for a worker that has this version
-            await self.store.release(claim.lease)
+            # invariant: the run is handed back untouched for a worker that has this version; skipped first,
+            # so another slot of this worker does not claim it the moment it is released
             self._skip(claim.run_id)
+            await self.store.release(claim.lease)
             log.info("definition_unavailable", run_id=claim.run_id, name=claim.name, version=claim.version,
                      worker_id=str(self.worker_id))
             return DefinitionUnavailable(claim.run_id, claim.name, claim.version)
@@ -85,8 +86,8 @@ class WorkflowWorker:
             execution = Execution.live(self.store, claim, definition, entries, str(self.worker_id),
                                        self.lease.seconds, self.renew_every.total_seconds(), self.registry)
         except SerializationError:
-            await self.store.release(claim.lease)
             self._skip(claim.run_id)
+            await self.store.release(claim.lease)
             raise
         return await execution.run()
 

@@ -162,6 +162,21 @@ async def test_definition_unavailable_leaves_the_run(store: Any) -> None:
     assert isinstance(done, Completed) and done.output == "v2"
 
 
+async def test_a_worker_of_many_slots_hands_back_a_run_it_cannot_run_once(store: Any) -> None:
+    """Eight slots of a worker without the run's version: one claims it and hands it back; no other slot does."""
+    from runifold import Supervisor
+
+    await store.enqueue(WorkflowTask("versioned", 2, {}, checkpoint_id="c1"))
+    supervisor = Supervisor(worker(store, WorkflowDefinition(versioned_v1)), 8, idle_wait=timedelta(seconds=0.02))
+    running = asyncio.create_task(supervisor.run(handle_signals=False))
+    await asyncio.sleep(0.5)
+    supervisor.stop()
+    await running
+    assert supervisor.outcomes.get("DefinitionUnavailable") == 1
+    info = await store.get_run("c1")
+    assert info.status is RunStatus.READY and info.lease_owner is None and info.lease_token == 1
+
+
 def test_registering_a_version_twice_is_an_error() -> None:
     """The same (name, version) cannot be registered twice."""
     from runifold import RegistrationError
