@@ -139,6 +139,9 @@ async def enqueue_cmd(args: argparse.Namespace) -> int:
     data = parse_json(args.input, "--input")
     if not isinstance(data, dict):
         raise UsageError("--input must be a JSON object of workflow arguments")
+    if (args.concurrency_key is None) != (args.concurrency_limit is None):
+        raise UsageError("--concurrency-key and --concurrency-limit go together: give both, or neither to use "
+                         "the definition's ConcurrencyLimit")
     task = registry_of(args).validate(WorkflowTask(args.name, args.version, data, args.checkpoint_id,
                                                    concurrency_key=args.concurrency_key,
                                                    concurrency_limit=args.concurrency_limit))
