@@ -38,6 +38,7 @@ from runifold.history._events import (
     TimerStarted,
     UsageCharged,
     ValueRecorded,
+    Verdict,
 )
 
 
@@ -125,6 +126,9 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 retries += retry_at is not None
                 effect_events.setdefault(key, []).append(event)
             case EffectCompleted(key=key):
+                effect_events.setdefault(key, []).append(event)
+            case EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED):
+                retries += 1  # the body runs again: another attempt
                 effect_events.setdefault(key, []).append(event)
             case EffectReconciled(key=key) | EffectAmbiguous(key=key) | EffectResolved(key=key):
                 effect_events.setdefault(key, []).append(event)

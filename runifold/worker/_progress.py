@@ -180,12 +180,30 @@ class LiveProgress:
                     assert_never(unreachable)
             if self._failure is not None:
                 return
+        deadline = self._deadline()
+        if deadline is not None and now >= deadline:
+            # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time
+            budget = self.definition.budget.max_elapsed
+            assert budget is not None
+            for call in self._open:
+                if call.kind in (CallKind.TIMER, CallKind.SIGNAL) and not call.future.done():
+                    elapsed = now - self.replayer.started_at
+                    self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.total_seconds()), call.key)
+                    return
+
+    def _deadline(self) -> float | None:
+        """When the run's elapsed budget runs out (store clock), if it has one."""
+        budget = self.definition.budget.max_elapsed
+        return None if budget is None else self.replayer.started_at + budget.total_seconds()
 
     def _try_signal(self, call: Call, now: float) -> None:
         # invariant: a signal counts for a wait only if it arrived by the wait's deadline (store clock), however
-        # late this worker looks; the same inputs take the same branch on every worker
+        # late this worker looks, and within the run's elapsed budget; the same inputs take the same branch on
+        # every worker
+        deadline = self._deadline()
         for signal in self._inbox:
-            if signal.name == call.name and (call.due is None or signal.received_at <= call.due):
+            if (signal.name == call.name and (call.due is None or signal.received_at <= call.due)
+                    and (deadline is None or signal.received_at <= deadline)):
                 self._inbox.remove(signal)
                 self._consumed.append(signal.signal_id)
                 self._buffer.append(SignalReceived(
@@ -388,11 +406,18 @@ class LiveProgress:
         self._outbox.append((events, lambda: self._resolve(call, value, error)))
 
     def _retry_at(self, retry: RetryPolicy, attempt: int) -> float | None:
-        """When the next attempt may run, or None when the failure is final."""
-        max_retries = self.definition.budget.max_retries
-        if attempt >= retry.max_attempts or (max_retries is not None and self.usage.retries + 1 > max_retries):
+        """When the next attempt may run by the call's policy, or None when the failure is final."""
+        if attempt >= retry.max_attempts:
             return None
         return self.store_time() + retry.backoff(attempt + 1)
+
+    def _retry_allowed(self, call: Call) -> bool:
+        """The run's budget allows one more retry; if not, the run fails with BudgetExceededError."""
+        limit = self.definition.budget.max_retries
+        if limit is not None and self.usage.retries + 1 > limit:
+            self._fail(BudgetExceededError("retries", self.usage.retries + 1, limit), call.key)
+            return False
+        return True
 
     def _step_finished(self, call: Call, value: Any, exc: BaseException | None) -> None:
         spec = call.spec
@@ -413,6 +438,9 @@ class LiveProgress:
         key, attempt, error = call.key, call.attempt, describe(exc)
         step = call.kind is CallKind.STEP
         error_type, tb = type_name(exc), traceback_of(exc)
+        over_budget = retry_at is not None and not self._retry_allowed(call)
+        if over_budget:
+            retry_at = None
         event: AnyEvent = (
             StepFailed(key=key, error=error, attempt=attempt, retry_at=retry_at, error_type=error_type, traceback=tb)
             if step else
@@ -420,6 +448,12 @@ class LiveProgress:
         )
         self.log.warning("step_failed" if step else "effect_failed", key=key, attempt=attempt, error=error,
                          retry_at=retry_at)
+        if over_budget:
+            # the retry budget ends the run: the attempt is recorded, and workflow code is handed nothing
+            if call in self._open:
+                self._open.remove(call)
+            self._buffer.append(event)
+            return
         if retry_at is None:
             failure = (StepFailedError(key, error, attempt, type_name(exc)) if step
                        else EffectFailedError(key, error))
@@ -450,7 +484,12 @@ class LiveProgress:
         match spec.resume:
             case ResumePolicy.REPEAT:
                 retry_at = self._retry_at(spec.retry, attempt)
-                if retry_at is None:
+                limit = self.definition.budget.max_retries
+                if retry_at is not None and limit is not None and self.usage.retries + 1 > limit:
+                    # unknown, so not failed: an operator decides, as when the policy's attempts run out
+                    self._park(call, f"outcome unknown after {attempt} attempt(s), and the run's retry budget "
+                                     f"({limit}) is spent", [unknown])
+                elif retry_at is None:
                     self._park(call, f"outcome unknown after {attempt} attempt(s) with policy REPEAT", [unknown])
                 else:
                     # the provider is idempotent by key: the same key is tried again after the backoff
@@ -488,8 +527,12 @@ class LiveProgress:
                 self._park(call, f"not applied after {attempt} attempt(s) with unknown outcomes",
                            [EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)])
                 return
+            if not self._retry_allowed(call):
+                self._buffer.append(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail))
+                return
             # after a crash the next attempt runs at once; after an unknown outcome here, it backs off
             retry_at = None if call.recovering else self.store_time() + spec.retry.backoff(attempt + 1)
+            self.usage.retries += 1
             self._buffer.append(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail,
                                                  retry_at=retry_at))
             call.in_doubt, call.recovering, call.attempt, call.due = False, False, attempt + 1, retry_at

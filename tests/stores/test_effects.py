@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from runifold import (
+    Budget,
     CapabilitySet,
     Completed,
     EffectFailedError,
@@ -35,7 +36,7 @@ from runifold import (
     resolve_effect,
     workflow,
 )
-from runifold.history import EffectStarted
+from runifold.history import EffectStarted, fold
 from tests.support import entries, event_types, worker
 
 calls: Counter[str] = Counter()
@@ -201,3 +202,33 @@ async def test_cancel_fences_and_finishes(store: Any, tmp_path: Path) -> None:
     again = await cancel_run(store, "e1", by="ops", reason="again")
     assert again.revision == first.revision
     assert await event_types(store, "e1") == ["run_started", "run_cancelled"]
+
+
+async def _nothing_found(key: str) -> Evidence:
+    return Evidence.not_applied("no charge with this key")
+
+
+@effect(resume=ResumePolicy.RECONCILE, reconcile=_nothing_found, retry=RetryPolicy(max_attempts=3, initial=timedelta(0)))
+async def unsure_then_fine(key: str) -> str:
+    calls["unsure_then_fine"] += 1
+    if calls["unsure_then_fine"] <= 2:
+        raise EffectOutcomeUnknown("the gateway timed out")
+    return "charged"
+
+
+@workflow("reconciled-again")
+async def reconciled_again(ctx: WorkflowContext) -> str:
+    return await unsure_then_fine()
+
+
+async def test_an_effect_run_again_after_reconcile_counts_as_a_retry(store: Any) -> None:
+    """Reconcile finds it not applied, so the body runs again: a retry, counted in usage and against the budget."""
+    await store.enqueue(WorkflowTask("reconciled-again", 1, {}, checkpoint_id="e1"))
+    done = await worker(store, WorkflowDefinition(reconciled_again)).run_once()
+    assert isinstance(done, Completed) and done.output == "charged" and calls["unsure_then_fine"] == 3
+    assert fold(await entries(store, "e1")).usage.retries == 2
+    calls.clear()
+    await store.enqueue(WorkflowTask("reconciled-again", 1, {}, checkpoint_id="e2"))
+    spent = await worker(store, WorkflowDefinition(reconciled_again, Budget(max_retries=1))).run_once()
+    assert isinstance(spent, Failed) and "budget exceeded: retries would reach 2" in spent.reason
+    assert calls["unsure_then_fine"] == 2

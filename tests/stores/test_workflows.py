@@ -37,7 +37,7 @@ from runifold import (
 )
 from runifold.history import RunCancelled, fold
 from runifold.stores import EventRow
-from tests.support import NO_WAIT, SHORT_WAIT, entries, event_types, keys, worker
+from tests.support import NO_WAIT, SHORT_WAIT, entries, event_types, keys, send_signal, worker
 
 calls: Counter[str] = Counter()
 
@@ -301,6 +301,73 @@ async def test_budget_limits_steps(store: Any) -> None:
     outcome = await worker(store, WorkflowDefinition(three_steps, Budget(max_steps=2))).run_once()
     assert isinstance(outcome, Failed) and "budget exceeded: steps" in outcome.reason
     assert calls == Counter(a=1, b=1)
+
+
+@workflow("napping")
+async def napping(ctx: WorkflowContext, seconds: float) -> str:
+    await ctx.sleep(timedelta(seconds=seconds))
+    return "rested"
+
+
+@workflow("awaiting-go")
+async def awaiting_go(ctx: WorkflowContext) -> str:
+    return str(await ctx.wait_signal("go"))
+
+
+async def test_the_elapsed_budget_ends_a_run_that_waits_past_it(store: Any) -> None:
+    """max_elapsed: a run sleeping or waiting for a signal past it is woken when it runs out and fails there; a
+    signal that arrived in time still counts when the worker comes late."""
+    budget = Budget(max_elapsed=timedelta(seconds=0.3))
+    sleeper = WorkflowDefinition(napping, budget)
+    await store.enqueue(WorkflowTask("napping", 1, {"seconds": 30}, checkpoint_id="long"))
+    first = await worker(store, sleeper).run_once()
+    started = (await store.history("long"))[0].at
+    assert isinstance(first, Suspended) and first.until == pytest.approx(started + 0.3, abs=0.05)
+    await asyncio.sleep(0.4)
+    ended = await worker(store, sleeper).run_once()
+    assert isinstance(ended, Failed) and "budget exceeded: elapsed seconds" in ended.reason
+    await store.enqueue(WorkflowTask("napping", 1, {"seconds": 0.1}, checkpoint_id="short"))  # within budget
+    assert isinstance(await worker(store, sleeper).run_once(), Suspended)
+    await asyncio.sleep(0.15)
+    assert isinstance(await worker(store, sleeper).run_once(), Completed)
+
+    waiter = WorkflowDefinition(awaiting_go, budget, signals={"go": {"*"}})
+    for ref, signal_first in (("never", False), ("in-time", True)):
+        await store.enqueue(WorkflowTask("awaiting-go", 1, {}, checkpoint_id=ref))
+        waiting = await worker(store, waiter).run_once()
+        assert isinstance(waiting, Suspended) and waiting.until is not None  # woken at the budget's end
+        if signal_first:
+            await send_signal(store, ref, "go", "g1", "yes")
+        await asyncio.sleep(0.4)  # the worker comes after the budget ran out
+        outcome = await worker(store, waiter).run_once()
+        if signal_first:
+            assert isinstance(outcome, Completed) and outcome.output == "yes"
+        else:
+            assert isinstance(outcome, Failed) and "elapsed seconds" in outcome.reason
+
+
+@step(retry=RetryPolicy(max_attempts=5, initial=timedelta(0)))
+async def fails_every_time() -> str:
+    calls["always"] += 1
+    raise ValueError("nope")
+
+
+@workflow("retry-budget")
+async def retry_budget(ctx: WorkflowContext) -> str:
+    try:
+        return await fails_every_time()
+    except StepFailedError:
+        return "caught"  # a budget is not the workflow's to catch
+
+
+async def test_the_retry_budget_fails_the_run(store: Any) -> None:
+    """max_retries spent: the run fails with BudgetExceededError (workflow code cannot catch it); usage says so."""
+    await store.enqueue(WorkflowTask("retry-budget", 1, {}, checkpoint_id="r1"))
+    outcome = await worker(store, WorkflowDefinition(retry_budget, Budget(max_retries=1))).run_once()
+    assert isinstance(outcome, Failed) and "budget exceeded: retries would reach 2" in outcome.reason
+    assert calls["always"] == 2
+    checkpoint = fold(await entries(store, "r1"))
+    assert checkpoint.usage.retries == 1 and checkpoint.usage.steps == 2
 
 
 @step(requires="payments")
