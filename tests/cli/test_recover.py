@@ -144,6 +144,7 @@ async def test_wake_makes_a_rescheduled_or_diverged_run_due_now(any_cli: Cli) ->
     await drive(cli.url, "later", [], Reschedule(at=later, reason="backing off"))
     await drive(cli.url, "diverged", [], Suspend(RunStatus.DIVERGED, wake_at=later, reason="diverged at a#1"),
                 name="steps")
+    await drive(cli.url, "napping", [], Suspend(RunStatus.WAITING, wake_at=later, reason="timer"), name="steps")
     listed = json.loads(cli("runs", "list", "--status", "diverged", "--json").stdout)
     assert [r["checkpoint_id"] for r in listed["runs"]] == ["diverged"]
     assert "diverged" in cli("runs", "list", "--status", "diverged").stdout
@@ -152,6 +153,8 @@ async def test_wake_makes_a_rescheduled_or_diverged_run_due_now(any_cli: Cli) ->
         assert woken.returncode == 0 and "due now" in woken.stdout, woken.stderr
         info = json.loads(cli("runs", "show", ref, "--json").stdout)["run"]
         assert info["due_at"] < later - 3_000
+    looked_at = cli("wake", "napping")
+    assert looked_at.returncode == 0 and "its timers keep their times" in looked_at.stdout
     await drive(cli.url, "done", [], Finish(RunStatus.COMPLETED), name="slow")
     finished = cli("wake", "done")
     assert finished.returncode == 1 and "cannot be woken: it has finished" in finished.stderr
