@@ -184,3 +184,5 @@ def effect(
 
 class EffectOutcomeUnknown(Exception):
     """Raise from an effect body when it cannot tell whether the call took effect."""
+
+    __module__ = "runifold"  # recorded as runifold.EffectOutcomeUnknown, the name users import
