@@ -192,7 +192,8 @@ class View:
     # pages
 
     async def home(self, request: Request) -> Response:
-        return RedirectResponse("runs", status_code=302)
+        query = request.url.query  # the filters a link to the root carries go along
+        return RedirectResponse(f"runs?{query}" if query else "runs", status_code=302)
 
     async def runs(self, request: Request) -> Response:
         where = _filter(request)

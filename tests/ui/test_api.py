@@ -70,6 +70,8 @@ def test_the_view_is_read_only_and_refuses_bad_requests(served: Served) -> None:
     assert status == 404 and b"&lt;b&gt;no-such&lt;/b&gt;" in body and b"<b>no-such" not in body
     status, headers, _ = get(served.url.rstrip("/") + "/")
     assert status == 200  # the root redirects (relatively: a proxy may serve the view under any prefix) to runs
+    with urllib.request.urlopen(served.url.rstrip("/") + "/?status=failed", timeout=30) as response:
+        assert response.url.endswith("/runs?status=failed")  # with the filters it was given
 
 
 def test_ui_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
