@@ -88,9 +88,10 @@ class Schedule:
         if self.every is not None:
             seconds = self.every.total_seconds() if isinstance(self.every, timedelta) else math.nan
             if not (seconds >= 1 and seconds.is_integer()):
+                got = f"{seconds:g} s" if isinstance(self.every, timedelta) else repr(self.every)
                 raise InvalidInputError(
-                    f"schedule {self.name!r}: every must be a timedelta of whole seconds, at least one, got "
-                    f"{self.every!r}"
+                    f"schedule {self.name!r}: the interval (every, --every) must be a whole number of seconds, "
+                    f"at least 1, got {got}"
                 )
             if self.timezone != "UTC":
                 raise InvalidInputError(

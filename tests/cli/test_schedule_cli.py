@@ -46,7 +46,7 @@ def test_schedule_add_refuses_bad_input_in_one_line(cli: Cli) -> None:
         (("--cron", "61 * * * *"), 2, "invalid cron expression '61 * * * *' (Bad minute)"),
         (("--cron", "* * * * *", "--timezone", "Nowhere/Atlantis"), 2, "unknown time zone 'Nowhere/Atlantis'"),
         ((), 2, "give one of --cron EXPRESSION or --every SECONDS"),
-        (("--every", "1.5"), 2, "whole seconds"),
+        (("--every", "1.5"), 2, "must be a whole number of seconds, at least 1, got 1.5 s"),
         (("--every", "5", "--catchup", "-1"), 2, "must be a finite number of seconds, zero or more"),
     ]:
         done = cli(*add, *extra)
@@ -77,7 +77,7 @@ def test_enqueue_takes_a_concurrency_key(any_cli: Cli) -> None:
                "--concurrency-limit", "2")
     assert done.returncode == 0, done.stderr
     half = cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--concurrency-key", "pay")
-    assert half.returncode == 1 and "concurrency_key and concurrency_limit go together" in half.stderr
+    assert half.returncode == 2 and "--concurrency-key and --concurrency-limit go together" in half.stderr
 
     async def key() -> tuple[str | None, int | None, RunStatus]:
         store = await open_store(cli.url)
