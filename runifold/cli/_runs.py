@@ -191,7 +191,7 @@ async def runs_show(args: argparse.Namespace) -> int:
     if info.recoveries:
         out.append(f"recoveries  {info.recoveries}{of(budget.max_recoveries) if budget else ''} (claims that took the "
                    "run over from an expired lease; each counts as a step)")
-    if budget is not None and budget.max_elapsed is not None:
+    if budget is not None and budget.max_elapsed is not None and not info.status.finished:
         out.append(f"elapsed     budget {budget.max_elapsed} from the start: runs out "
                    f"{when(info.created_at + budget.max_elapsed.total_seconds())}")
     out.append("outputs")

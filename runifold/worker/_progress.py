@@ -312,12 +312,16 @@ class LiveProgress:
         """Start the queued bodies.
 
         A body that is the only thing this run could do meanwhile (no other body in flight, no
-        real-time wait in workflow code, nothing with a due time) runs right here, in the driver's task:
+        real-time wait in workflow code, nothing with a due time, no outcome yet to be committed or handed
+        over, no workflow task ready) runs right here, in the driver's task:
         nothing else could progress while it runs, and the hand-off to a task of its own and back
         would cost loop passes that hold up this run's next commit. Others run as tasks.
         """
         starts, self._starts = [s for s in self._starts if not s.call.cancelled], []
-        alone = len(starts) == 1 and not self._bodies and not self._loop.waiting_in_real_time
+        # invariant: an outcome waiting to be committed or handed over (a timer that fired beside this start,
+        # say) means workflow code has more to do meanwhile, so the body must not hold the driver
+        alone = (len(starts) == 1 and not self._bodies and not self._loop.waiting_in_real_time
+                 and not self._resolutions and not self._outbox and not self._loop.has_ready)
         if alone and self._next_due() is None:
             start = starts[0]
             task = asyncio.current_task()

@@ -694,3 +694,36 @@ async def test_as_completed_over_coroutines_in_no_order_is_refused(store: Any) -
     await store.enqueue(WorkflowTask("as-completed-unordered", 1, {}, checkpoint_id="g1"))
     outcome = await worker(store, WorkflowDefinition(as_completed_unordered)).run_once()
     assert isinstance(outcome, Failed) and "as_completed" in outcome.reason and "list or tuple" in outcome.reason
+
+
+@step()
+async def takes(name: str, seconds: float) -> str:
+    calls[f"{name} started"] += 1
+    await asyncio.sleep(seconds)
+    return name
+
+
+@workflow("timer-beside-a-slow-step")
+async def timer_beside_a_slow_step(ctx: WorkflowContext) -> list[str]:
+    async def after_a_nap() -> str:
+        await ctx.sleep(timedelta(seconds=0.3))
+        return await takes("after-the-timer", 0)
+
+    return list(await asyncio.gather(takes("slow", 1.0), after_a_nap(), takes("quick", 0.05)))
+
+
+async def test_a_timer_due_at_a_recovery_fires_beside_a_step_run_again(store: Any) -> None:
+    """An execution ends (its worker stopped) with a slow step in flight and a timer started; the next one finds the
+    timer due: it fires and its branch carries on while the slow step runs again, not after it."""
+    definition = WorkflowDefinition(timer_beside_a_slow_step)
+    await store.enqueue(WorkflowTask("timer-beside-a-slow-step", 1, {}, checkpoint_id="t1"))
+    first = asyncio.create_task(worker(store, definition).run_once())
+    while "3/takes#1" not in await keys(store, "t1", "step_completed"):  # quick's step is committed
+        await asyncio.sleep(0.02)
+    first.cancel()  # the worker stops: the lease is released, the slow step was never recorded
+    await asyncio.gather(first, return_exceptions=True)
+    await asyncio.sleep(0.35)  # the timer is due now
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ["slow", "after-the-timer", "quick"]
+    completed = await keys(store, "t1", "step_completed")
+    assert completed.index("2/takes#1") < completed.index("1/takes#1"), completed
