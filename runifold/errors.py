@@ -208,10 +208,9 @@ class BudgetExceededError(RunFailure):
         self.limit = limit
         self.used = used
         self.allowed = allowed
-        super().__init__(
-            f"budget exceeded: {limit} would reach {used:g}, the budget allows {allowed:g}; "
-            "raise the Budget of this definition or split the work"
-        )
+        reached = (f"would reach {used:g}, the budget allows {allowed:g}" if used > allowed
+                   else f"reached {used:g}, all the budget allows, and the run needed more")
+        super().__init__(f"budget exceeded: {limit} {reached}; raise the Budget of this definition or split the work")
 
 
 class CapabilityDeniedError(RunFailure):
