@@ -577,8 +577,9 @@ class Execution(LiveProgress, Replaying):
                 "nothing will set); it can never continue", None, ""))
         dues = [c.due for c in pending if c.due is not None and c.parked is None]
         deadline = self._deadline()
-        if deadline is not None and (dues or any(c.kind is CallKind.SIGNAL for c in pending)):
-            dues.append(deadline)  # a run waiting past its elapsed budget is woken to fail
+        if (deadline is not None and not any(c.parked is not None for c in pending)
+                and (dues or any(c.kind is CallKind.SIGNAL for c in pending))):
+            dues.append(deadline)  # a run waiting past its elapsed budget is woken to fail (one parked waits for its operator)
         wake_at = min(dues) if dues else None
         signals = tuple(sorted({c.name for c in pending if c.kind is CallKind.SIGNAL}))
         waits = [c for c in pending if c.kind in (CallKind.TIMER, CallKind.SIGNAL)]

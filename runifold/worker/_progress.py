@@ -181,8 +181,9 @@ class LiveProgress:
             if self._failure is not None:
                 return
         deadline = self._deadline()
-        if deadline is not None and now >= deadline:
-            # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time
+        if deadline is not None and now >= deadline and not any(c.parked is not None for c in self._open):
+            # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time (a
+            # run with an ambiguous effect waits for its operator instead: failing it would strand the effect)
             budget = self.definition.budget.max_elapsed
             assert budget is not None
             for call in self._open:

@@ -16,11 +16,13 @@ from runifold import (
     Completed,
     ConfigurationError,
     DefinitionUnavailable,
+    EffectOutcomeUnknown,
     Failed,
     Idle,
     InvalidInputError,
     LeaseDuration,
     LeaseLost,
+    ResumePolicy,
     Retried,
     RetryPolicy,
     RunStatus,
@@ -32,6 +34,7 @@ from runifold import (
     WorkflowDefinition,
     WorkflowRegistry,
     WorkflowTask,
+    effect,
     step,
     workflow,
 )
@@ -654,3 +657,26 @@ async def test_a_burst_of_runs_fans_out_over_idle_slots_at_once(open_store: Any)
         supervisor.stop()
         await asyncio.wait_for(running, 30)
     assert supervisor.outcomes.get("Completed") == 4
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def unsure_charge(key: str) -> str:
+    raise EffectOutcomeUnknown("the gateway timed out")
+
+
+@workflow("parked-and-waiting")
+async def parked_and_waiting(ctx: WorkflowContext) -> list[str]:
+    return list(await asyncio.gather(unsure_charge(), ctx.wait_signal("go")))
+
+
+async def test_a_run_parked_on_an_effect_waits_for_its_operator_past_its_elapsed_budget(store: Any) -> None:
+    """An ambiguous effect beside a signal wait, past max_elapsed: the run is not failed (that would strand the
+    effect) and not woken again and again; it waits for its operator and its signal."""
+    definition = WorkflowDefinition(parked_and_waiting, Budget(max_elapsed=timedelta(seconds=0.2)),
+                                    signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("parked-and-waiting", 1, {}, checkpoint_id="p1"))
+    first = await worker(store, definition).run_once()
+    assert isinstance(first, Suspended) and first.until is None
+    await asyncio.sleep(0.3)
+    assert isinstance(await worker(store, definition).run_once(), Idle)  # not due: nothing to do until someone acts
+    assert (await store.get_run("p1")).status is RunStatus.WAITING
