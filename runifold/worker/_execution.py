@@ -198,37 +198,28 @@ class Execution(LiveProgress, Replaying):
         return self._live.store_now + (time.monotonic() - self._live.claimed_at)
 
     async def call_step(self, spec: StepSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = self._register(scope.key(spec.id), CallKind.STEP, spec.returns.get(), spec=spec, args=args, kwargs=kwargs)
+        return await self._awaited(self._register(scope.key(spec.id), CallKind.STEP, spec.returns.get(), spec=spec,
+                                                  args=args, kwargs=kwargs))
+
+    async def call_effect(self, spec: EffectSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return await self._awaited(self._register(scope.key(spec.id), CallKind.EFFECT, spec.returns.get(), spec=spec,
+                                                  args=args, kwargs=kwargs))
+
+    async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
+        fire_at = until if until is not None else self.store_time() + (delay or 0.0)
+        await self._awaited(self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at))
+
+    async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any = Any) -> Any:
+        deadline = None if timeout is None else self.store_time() + timeout
+        return await self._awaited(self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name,
+                                                  due=deadline))
+
+    async def _awaited(self, call: Call) -> Any:
+        """The call's outcome; a call workflow code stops waiting for (cancels) is abandoned."""
         try:
             return await call.future
         except asyncio.CancelledError:
             self._abandon(call)  # before the cancelled task runs on: its next calls come after this one's record
-            raise
-
-    async def call_effect(self, spec: EffectSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = self._register(scope.key(spec.id), CallKind.EFFECT, spec.returns.get(), spec=spec, args=args, kwargs=kwargs)
-        try:
-            return await call.future
-        except asyncio.CancelledError:
-            self._abandon(call)
-            raise
-
-    async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
-        fire_at = until if until is not None else self.store_time() + (delay or 0.0)
-        call = self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at)
-        try:
-            await call.future
-        except asyncio.CancelledError:
-            self._abandon(call)
-            raise
-
-    async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any = Any) -> Any:
-        deadline = None if timeout is None else self.store_time() + timeout
-        call = self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name, due=deadline)
-        try:
-            return await call.future
-        except asyncio.CancelledError:
-            self._abandon(call)
             raise
 
     async def start_child(self, scope: Scope, workflow: Any, input: Mapping[str, Any], version: int | None,
@@ -577,8 +568,7 @@ class Execution(LiveProgress, Replaying):
                 "nothing will set); it can never continue", None, ""))
         dues = [c.due for c in pending if c.due is not None and c.parked is None]
         deadline = self._deadline()
-        if (deadline is not None and not any(c.parked is not None for c in pending)
-                and (dues or any(c.kind is CallKind.SIGNAL for c in pending))):
+        if deadline is not None and not self._parked() and (dues or any(c.kind is CallKind.SIGNAL for c in pending)):
             dues.append(deadline)  # a run waiting past its elapsed budget is woken to fail (one parked waits for its operator)
         wake_at = min(dues) if dues else None
         signals = tuple(sorted({c.name for c in pending if c.kind is CallKind.SIGNAL}))

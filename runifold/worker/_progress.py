@@ -181,7 +181,7 @@ class LiveProgress:
             if self._failure is not None:
                 return
         deadline = self._deadline()
-        if deadline is not None and now >= deadline and not any(c.parked is not None for c in self._open):
+        if deadline is not None and now >= deadline and not self._parked():
             # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time (a
             # run with an ambiguous effect waits for its operator instead: failing it would strand the effect)
             budget = self.definition.budget.max_elapsed
@@ -196,6 +196,10 @@ class LiveProgress:
         """When the run's elapsed budget runs out (store clock), if it has one."""
         budget = self.definition.budget.max_elapsed
         return None if budget is None else self.replayer.started_at + budget.total_seconds()
+
+    def _parked(self) -> bool:
+        """An open call waits for an operator (an ambiguous effect)."""
+        return any(c.parked is not None for c in self._open)
 
     def _try_signal(self, call: Call, now: float) -> None:
         # invariant: a signal counts for a wait only if it arrived by the wait's deadline (store clock), however
@@ -228,11 +232,11 @@ class LiveProgress:
             self._fail(CapabilityDeniedError(key, requires), key)
             return False
         budget = self.definition.budget
-        if budget.max_elapsed is not None:
+        deadline = self._deadline()
+        if deadline is not None and budget.max_elapsed is not None and self.store_time() > deadline:
             elapsed = self.store_time() - self.replayer.started_at
-            if elapsed > budget.max_elapsed.total_seconds():
-                self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.max_elapsed.total_seconds()), key)
-                return False
+            self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.max_elapsed.total_seconds()), key)
+            return False
         if kind is CallKind.STEP and budget.max_steps is not None and self.usage.steps + 1 > budget.max_steps:
             self._fail(BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps), key)
             return False
@@ -416,10 +420,16 @@ class LiveProgress:
             return None
         return self.store_time() + retry.backoff(attempt + 1)
 
+    def _retries_spent(self) -> bool:
+        """The run's budget allows no more retries."""
+        limit = self.definition.budget.max_retries
+        return limit is not None and self.usage.retries + 1 > limit
+
     def _retry_allowed(self, call: Call) -> bool:
         """The run's budget allows one more retry; if not, the run fails with BudgetExceededError."""
-        limit = self.definition.budget.max_retries
-        if limit is not None and self.usage.retries + 1 > limit:
+        if self._retries_spent():
+            limit = self.definition.budget.max_retries
+            assert limit is not None
             self._fail(BudgetExceededError("retries", self.usage.retries + 1, limit), call.key)
             return False
         return True
@@ -489,11 +499,10 @@ class LiveProgress:
         match spec.resume:
             case ResumePolicy.REPEAT:
                 retry_at = self._retry_at(spec.retry, attempt)
-                limit = self.definition.budget.max_retries
-                if retry_at is not None and limit is not None and self.usage.retries + 1 > limit:
+                if retry_at is not None and self._retries_spent():
                     # unknown, so not failed: an operator decides, as when the policy's attempts run out
                     self._park(call, f"outcome unknown after {attempt} attempt(s), and the run's retry budget "
-                                     f"({limit}) is spent", [unknown])
+                                     f"({self.definition.budget.max_retries}) is spent", [unknown])
                 elif retry_at is None:
                     self._park(call, f"outcome unknown after {attempt} attempt(s) with policy REPEAT", [unknown])
                 else:

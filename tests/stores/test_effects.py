@@ -232,3 +232,24 @@ async def test_an_effect_run_again_after_reconcile_counts_as_a_retry(store: Any)
     spent = await worker(store, WorkflowDefinition(reconciled_again, Budget(max_retries=1))).run_once()
     assert isinstance(spent, Failed) and "budget exceeded: retries would reach 2" in spent.reason
     assert calls["unsure_then_fine"] == 2
+
+
+@effect(resume=ResumePolicy.REPEAT, retry=RetryPolicy(max_attempts=5, initial=timedelta(0)))
+async def never_sure(key: str) -> str:
+    calls["never_sure"] += 1
+    raise EffectOutcomeUnknown("the provider did not answer")
+
+
+@workflow("never-sure")
+async def never_sure_flow(ctx: WorkflowContext) -> str:
+    return await never_sure()
+
+
+async def test_an_unknown_outcome_with_the_retry_budget_spent_is_parked_not_failed(store: Any) -> None:
+    """REPEAT would try again, but the run's retry budget is spent: the outcome is unknown, so the effect is
+    parked for an operator (failing the run could hide a charge that took place)."""
+    await store.enqueue(WorkflowTask("never-sure", 1, {}, checkpoint_id="n1"))
+    outcome = await worker(store, WorkflowDefinition(never_sure_flow, Budget(max_retries=1))).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS
+    assert "retry budget (1) is spent" in outcome.detail and calls["never_sure"] == 2
+    assert (await store.get_run("n1")).status is RunStatus.PARKED
