@@ -310,21 +310,23 @@ BEGIN
             UPDATE runifold_signals SET consumed = true
             WHERE run_id = p_run[i] AND signal_id IN (SELECT jsonb_array_elements_text(v_change->'consumed'));
         END IF;
-        IF v_status = 'waiting' AND EXISTS (
-            SELECT 1 FROM runifold_signals s WHERE s.run_id = p_run[i] AND NOT s.consumed AND s.name = ANY (v_waits)
-        ) THEN
-            -- invariant: a signal that beat the wait wakes the run at once
-            UPDATE runifold_runs SET due_at = v_now WHERE run_id = p_run[i];
-            v_notify := true;
-        ELSIF v_status IS NOT NULL AND v_due IS NOT NULL THEN
-            -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
-            v_notify := true;
-        END IF;
-        -- (nested: SQL does not promise to skip the call when the first condition is false or NULL)
-        IF coalesce(v_status IN ('completed', 'failed', 'cancelled'), false) THEN
-            PERFORM pg_notify('runifold_finished', p_run[i]);  -- a client awaiting its result wakes
-            IF p_count[i] > 0 AND runifold_notify_parent(p_run[i], p_bodies[v_last], v_now) THEN
+        IF v_status IS NOT NULL THEN  -- the rest only for a transition (a plain append skips it)
+            IF v_status = 'waiting' AND EXISTS (
+                SELECT 1 FROM runifold_signals s WHERE s.run_id = p_run[i] AND NOT s.consumed AND s.name = ANY (v_waits)
+            ) THEN
+                -- invariant: a signal that beat the wait wakes the run at once
+                UPDATE runifold_runs SET due_at = v_now WHERE run_id = p_run[i];
                 v_notify := true;
+            ELSIF v_due IS NOT NULL THEN
+                -- a new due time (also a future one: a timer, a retry) makes idle workers recompute their sleep
+                v_notify := true;
+            END IF;
+            -- (nested: SQL does not promise to skip the call when the first condition is false)
+            IF v_status IN ('completed', 'failed', 'cancelled') THEN
+                PERFORM pg_notify('runifold_finished', p_run[i]);  -- a client awaiting its result wakes
+                IF p_count[i] > 0 AND runifold_notify_parent(p_run[i], p_bodies[v_last], v_now) THEN
+                    v_notify := true;
+                END IF;
             END IF;
         END IF;
         ok := true;
