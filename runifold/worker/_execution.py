@@ -38,7 +38,7 @@ import asyncio
 import contextvars
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -170,6 +170,8 @@ class Execution(LiveProgress, Replaying):
         self._closing = False
         self._woken = False
         self._waiter: asyncio.Future[None] | None = None
+        self._renewal_due: asyncio.TimerHandle | None = None  # when the lease is next renewed
+        self._renewal: asyncio.Task[None] | None = None  # a renewal under way
         self.report = ReplayReport(run_id)
         self.log = log.bind(run_id=run_id, checkpoint_id=checkpoint_id, worker_id=worker_id)
 
@@ -197,13 +199,13 @@ class Execution(LiveProgress, Replaying):
             return time.time()
         return self._live.store_now + (time.monotonic() - self._live.claimed_at)
 
-    async def call_step(self, spec: StepSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return await self._awaited(self._register(scope.key(spec.id), CallKind.STEP, spec.returns.get(), spec=spec,
-                                                  args=args, kwargs=kwargs))
+    def call_step(self, spec: StepSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Awaitable[Any]:
+        return self._awaited(self._register(scope.key(spec.id), CallKind.STEP, spec.returns.get(), spec=spec,
+                                            args=args, kwargs=kwargs))
 
-    async def call_effect(self, spec: EffectSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return await self._awaited(self._register(scope.key(spec.id), CallKind.EFFECT, spec.returns.get(), spec=spec,
-                                                  args=args, kwargs=kwargs))
+    def call_effect(self, spec: EffectSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Awaitable[Any]:
+        return self._awaited(self._register(scope.key(spec.id), CallKind.EFFECT, spec.returns.get(), spec=spec,
+                                            args=args, kwargs=kwargs))
 
     async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
         fire_at = until if until is not None else self.store_time() + (delay or 0.0)
@@ -319,7 +321,7 @@ class Execution(LiveProgress, Replaying):
                 await self._renew(live)
             except LeaseLostError as exc:
                 return LeaseLost(self.run_id, self.checkpoint_id, f"the claim waited too long: {exc}")
-        renewer = asyncio.create_task(self._renew_loop(live), context=contextvars.Context())
+        self._schedule_renewal(live)
         # the run id on user code's log lines (step bodies run in this task or in copies of its context)
         bound = structlog.contextvars.bind_contextvars(run_id=self.run_id)
         try:
@@ -352,9 +354,7 @@ class Execution(LiveProgress, Replaying):
         finally:
             structlog.contextvars.reset_contextvars(**bound)
             self._teardown()
-            renewer.cancel()
-            # invariant: no task of this run outlives run_once()
-            await asyncio.gather(renewer, return_exceptions=True)
+            await self._stop_renewal()
 
     async def replay(self) -> ReplayReport:
         """Replay the history with no store and no bodies; report where code and history part, if they do."""
@@ -646,19 +646,40 @@ class Execution(LiveProgress, Replaying):
         live.lease = await live.store.renew(live.lease, live.lease_seconds)
         live.renewed_at = started
 
-    async def _renew_loop(self, live: Live) -> None:
+    def _schedule_renewal(self, live: Live) -> None:
+        """Renew the lease when it is next due: a timer, and a task only while a renewal is under way."""
         # invariant: renewals are anchored to the claim (then to the last renewal), not to when this
         # execution started: a claim that waited has used part of its lease already
-        while True:
-            await asyncio.sleep(max(0.0, live.renew_every - (time.monotonic() - live.renewed_at)))
-            try:
-                await self._renew(live)
-            except LeaseLostError as exc:
-                self._lose(str(exc))
-                return
-            except RunifoldError as exc:
-                self.log.warning("lease_renewal_failed", error=str(exc))
-                live.renewed_at = time.monotonic() - 0.75 * live.renew_every  # try again soon
+        delay = max(0.0, live.renew_every - (time.monotonic() - live.renewed_at))
+        # (an empty context: the renewal is no part of workflow code, and logs no run's fields but its own)
+        self._renewal_due = asyncio.get_running_loop().call_later(
+            delay, self._start_renewal, live, context=contextvars.Context())
+
+    def _start_renewal(self, live: Live) -> None:
+        self._renewal_due = None
+        self._renewal = asyncio.ensure_future(self._renew_once(live))
+
+    async def _renew_once(self, live: Live) -> None:
+        try:
+            await self._renew(live)
+        except LeaseLostError as exc:
+            self._lose(str(exc))
+            return
+        except RunifoldError as exc:
+            self.log.warning("lease_renewal_failed", error=str(exc))
+            live.renewed_at = time.monotonic() - 0.75 * live.renew_every  # try again soon
+        self._renewal = None
+        self._schedule_renewal(live)
+
+    async def _stop_renewal(self) -> None:
+        if self._renewal_due is not None:
+            self._renewal_due.cancel()
+            self._renewal_due = None
+        renewal = self._renewal
+        if renewal is not None:
+            renewal.cancel()
+            # invariant: no task of this run outlives run_once()
+            await asyncio.gather(renewal, return_exceptions=True)
 
     async def _halt_bodies(self) -> None:
         self._closing = True

@@ -430,6 +430,36 @@ async def test_a_claim_that_waited_is_renewed_on_time(store: Any) -> None:
     assert isinstance(done, Completed), done
 
 
+class FailingRenewals:
+    """A real store whose next ``failures`` renewals raise StoreUnavailableError (the store out of reach)."""
+
+    def __init__(self, store: Any, failures: int) -> None:
+        self._store = store
+        self.failures = failures
+        self.renewed = 0
+
+    async def renew(self, *args: Any, **kwargs: Any) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise StoreUnavailableError("PostgreSQL at test stayed unreachable for 0 s")
+        self.renewed += 1
+        return await self._store.renew(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_renewal_that_fails_is_tried_again_while_a_body_outlasts_the_lease(store: Any) -> None:
+    """A 1.3 s step under a 1 s lease: the first renewal fails, the next ones hold the lease, the run completes."""
+    failing = FailingRenewals(store, failures=1)
+    await store.enqueue(WorkflowTask("long-step", 1, {}, checkpoint_id="l2"))
+    done = await worker(failing, WorkflowDefinition(long_step), lease=1.0).run_once()
+    assert isinstance(done, Completed), done
+    assert failing.failures == 0 and failing.renewed >= 2, failing.renewed
+    info = await store.get_run("l2")
+    assert info.status is RunStatus.COMPLETED and info.lease_owner is None
+
+
 # -- 11. store errors never reach workflow code --------------------------------------------------------
 
 
