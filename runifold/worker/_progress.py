@@ -325,11 +325,11 @@ class LiveProgress:
         starts, self._starts = [s for s in self._starts if not s.call.cancelled], []
         # invariant: an outcome waiting to be committed or handed over (a timer that fired beside this start,
         # say) means workflow code has more to do meanwhile, so the body must not hold the driver
-        alone = (len(starts) == 1 and not self._bodies and not self._loop.waiting_in_real_time
-                 and not self._resolutions and not self._outbox and not self._loop.has_ready)
+        loop = self._loop
+        alone = (len(starts) == 1 and not self._bodies and not self._resolutions and not self._outbox
+                 and not loop.has_ready and not loop.waiting_in_real_time)
         if alone and self._next_due() is None:
             start = starts[0]
-            task = asyncio.current_task()
             value: Any = None
             exc: BaseException | None = None
             # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
@@ -337,6 +337,7 @@ class LiveProgress:
             try:
                 value = await _body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
+                task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise  # the worker itself is being cancelled
                 exc = err  # the body raised CancelledError itself: a failure like any other
