@@ -22,6 +22,7 @@ from runifold.cli._common import (
 )
 from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
 from runifold.stores import RunInfo, RunStatus
+from runifold.worker import WorkflowRegistry
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
 
 MAX_PAGE = 1_000
@@ -134,6 +135,18 @@ def _reason(info: RunInfo) -> str:
     return "" if info.status is RunStatus.RUNNING else info.reason
 
 
+def budget_json(registry: WorkflowRegistry | None, info: RunInfo) -> dict[str, Any] | None:
+    """The run's budget from the loaded ``--app`` (None without one, or when its version is not registered)."""
+    definition = registry.get(info.name, info.version) if registry is not None else None
+    if definition is None:
+        return None
+    budget = definition.budget
+    return {"max_steps": budget.max_steps, "max_effect_attempts": budget.max_effect_attempts,
+            "max_retries": budget.max_retries, "max_recoveries": budget.max_recoveries,
+            "max_cost_units": budget.max_cost_units,
+            "max_elapsed": None if budget.max_elapsed is None else budget.max_elapsed.total_seconds()}
+
+
 def show_json(info: RunInfo, entries: list[Entry], checkpoint: Checkpoint,
               children: dict[str, RunInfo]) -> dict[str, Any]:
     """A run as ``runs show --json`` prints it (the web view's JSON too): run, checkpoint, children, failure."""
@@ -160,7 +173,10 @@ async def runs_show(args: argparse.Namespace) -> int:
         budget = definition.budget if definition else None
     failed, call = _failure(entries)
     if args.json:
-        emit_json(show_json(info, entries, checkpoint, children))
+        shown = show_json(info, entries, checkpoint, children)
+        if args.app:
+            shown["budget"] = budget_json(registry_of(args), info)
+        emit_json(shown)
         return 0
     out = [f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})",
            f"workflow    {info.name} v{info.version}",

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._runs import _report_json, finished_at, show_json
+from runifold.cli._runs import _report_json, budget_json, finished_at, show_json
 from runifold.errors import RunifoldError, RunNotFoundError
 from runifold.history import Entry, decode_event, fold
 from runifold.stores import AuditRecord, RunInfo, RunStatus, StoredEvent, WorkflowStore
@@ -82,18 +82,6 @@ async def runs_page(store: WorkflowStore, where: RunFilter) -> dict[str, Any]:
 
 def _entries(info: RunInfo, rows: list[StoredEvent]) -> list[Entry]:
     return [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
-
-
-def budget_json(registry: WorkflowRegistry | None, info: RunInfo) -> dict[str, Any] | None:
-    """The run's budget from the loaded ``--app`` (None without one, or when its version is not registered)."""
-    definition = registry.get(info.name, info.version) if registry is not None else None
-    if definition is None:
-        return None
-    budget = definition.budget
-    return {"max_steps": budget.max_steps, "max_effect_attempts": budget.max_effect_attempts,
-            "max_retries": budget.max_retries, "max_recoveries": budget.max_recoveries,
-            "max_cost_units": budget.max_cost_units,
-            "max_elapsed": None if budget.max_elapsed is None else budget.max_elapsed.total_seconds()}
 
 
 async def replay_json(registry: WorkflowRegistry | None, info: RunInfo, entries: list[Entry]) -> dict[str, Any]:

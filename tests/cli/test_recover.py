@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from runifold import RunStatus, WorkflowTask, open_store
+from runifold import Budget, RunStatus, WorkflowTask, open_store
 from runifold.history import RunFailed, StepFailed
 from runifold.stores import EventRow, Finish, Reschedule, Suspend, Transition
 from tests.cli.conftest import Cli, key_file, run_worker_until
@@ -37,6 +37,19 @@ def failed_events(n: int = 1, trace: str = STEP_TRACE) -> list[Any]:
                        traceback=trace),
             RunFailed(key="fragile#1", reason="workflow raised StepFailedError: step fragile#1 failed after 1 attempt(s)",
                       error_type="runifold.errors.StepFailedError", traceback=RUN_TRACE)]
+
+
+async def test_runs_show_json_gives_the_budget_of_the_loaded_app(cli: Cli) -> None:
+    """With --app, runs show --json carries the definition's budget (as the web view's api/run); without, no key."""
+    assert cli("migrate").returncode == 0
+    await drive(cli.url, "b1", failed_events(), Finish(RunStatus.FAILED, "step failed"))
+    shown = json.loads(cli("runs", "show", "b1", "--json").stdout)
+    budget = Budget()
+    assert shown["budget"] == {"max_steps": budget.max_steps, "max_effect_attempts": budget.max_effect_attempts,
+                               "max_retries": budget.max_retries, "max_recoveries": budget.max_recoveries,
+                               "max_cost_units": budget.max_cost_units, "max_elapsed": None}
+    without = json.loads(cli("runs", "show", "b1", "--json", env={"RUNIFOLD_APP": ""}).stdout)
+    assert "budget" not in without and without["run"]["status"] == "failed"
 
 
 async def test_a_failed_run_shows_its_error_type_and_traceback(cli: Cli) -> None:
