@@ -118,7 +118,11 @@ def cutoff(text: str, now: float) -> float:
     """The time ``--finished-before`` names: ``now`` minus an age (``30d``), or an ISO-8601 date or time."""
     match = _DURATION.match(text.strip())
     if match:
-        return now - float(match.group(1)) * _UNIT[match.group(2)]
+        age = float(match.group(1)) * _UNIT[match.group(2)]
+        if not age > 0:
+            raise UsageError(f"--finished-before {text!r} is an age of zero, which would purge every finished run; "
+                             "give a positive age (30d), or a date or time to purge what finished before it")
+        return now - age
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -22,6 +22,7 @@ from runifold.cli._common import (
 )
 from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
 from runifold.stores import RunInfo, RunStatus
+from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
 
@@ -75,14 +76,19 @@ def finished_at(info: RunInfo) -> float | None:
 
 async def runs_list(args: argparse.Namespace) -> int:
     status = RunStatus(args.status) if args.status else None
+    if args.after is not None and ref_column(args.after) != "run_id":
+        raise UsageError(f"--after {args.after!r} is not a run id: give the last run id of the page before "
+                         "(runs list prints the command for the next page)")
     store = await store_of(args, readonly=True)
     try:
-        runs = await store.list_runs(status=status, name=args.name, version=args.version, limit=args.limit,
+        # one run more than the page: whether there is a next page at all
+        runs = await store.list_runs(status=status, name=args.name, version=args.version, limit=args.limit + 1,
                                      after=args.after)
         total = await store.count_runs(status=status, name=args.name, version=args.version)
     finally:
         await store.close()
-    more = len(runs) == args.limit and runs[-1].run_id
+    more = len(runs) > args.limit and runs[args.limit - 1].run_id
+    runs = runs[:args.limit]
     if args.json:
         emit_json({"total": total, "next_after": more or None, "runs": [
             {**msgspec.to_builtins(r), "finished_at": finished_at(r),

@@ -59,8 +59,9 @@ async def signal_cmd(args: argparse.Namespace) -> int:
 async def audit_cmd(args: argparse.Namespace) -> int:
     store = await store_of(args, readonly=True)
     try:
-        await store.get_run(args.run)  # an unknown run is an error, not an empty audit
-        records = await store.audit(args.run)
+        records = await store.audit(args.run)  # the run's attempts, and those made under this reference
+        if not records:
+            await store.get_run(args.run)  # a reference with neither a run nor attempts is an error, not an empty audit
     finally:
         await store.close()
     if args.json:

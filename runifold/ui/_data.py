@@ -57,8 +57,7 @@ async def runs_page(store: WorkflowStore, where: RunFilter) -> dict[str, Any]:
     """A page of runs, newest first, as ``runs list --json`` (``total``, ``next_after``, ``runs``).
 
     Added: ``counts`` (runs per status under the name and version filter),
-    and ``now`` (the store's clock, for the age of unfinished runs). Unlike
-    the CLI's, ``next_after`` is None on a last page that happens to be full.
+    and ``now`` (the store's clock, for the age of unfinished runs).
     """
     if where.ref:
         try:
@@ -69,7 +68,7 @@ async def runs_page(store: WorkflowStore, where: RunFilter) -> dict[str, Any]:
             runs = [found] if where.matches(found) else []
         total, more = len(runs), None
     else:
-        # one run more than the page: the last page knows it is the last (where the CLI's says "maybe")
+        # one run more than the page: the last page knows it is the last
         runs = await store.list_runs(status=where.status, name=where.name, version=where.version,
                                      limit=where.limit + 1, after=where.after)
         more = runs[where.limit - 1].run_id if len(runs) > where.limit else None

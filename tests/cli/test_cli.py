@@ -79,6 +79,15 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     assert all(r["reason"] == "ship it" for r in records)
     history = cli("history", "g1")
     assert "signal_received" in history.stdout and '"sender":"alice"' in history.stdout
+    # an attempt against a reference that names no run is kept, and audit finds it by that reference
+    ghost = cli("signal", "ghost-order", "approval", "--signal-id", "s9", "--as", "alice", "--reason", "lost?",
+                "--key-file", alice, "--keys", alice)
+    assert ghost.returncode == 1 and "unknown_run" in ghost.stderr, ghost.stderr
+    ghost_audit = json.loads(cli("--json", "audit", "ghost-order").stdout)
+    assert [(r["verdict"], r["run_ref"], r["reason"]) for r in ghost_audit] == [
+        ("rejected:unknown_run", "ghost-order", "lost?")]
+    nothing = cli("audit", "nothing-here")
+    assert nothing.returncode == 1 and "no run with id or checkpoint id 'nothing-here'" in nothing.stderr
 
 
 def test_resolve_cancel_and_migrate(cli: Cli) -> None:

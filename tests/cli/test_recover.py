@@ -197,6 +197,12 @@ async def test_runs_list_pages_with_a_total_and_times(cli: Cli) -> None:
             break
         args = footer.split("next page: runifold ")[1].split()
     assert seen == expected
+    # a full last page offers no next page; --after takes a run id only
+    full = json.loads(cli("runs", "list", "--limit", "7", "--json").stdout)
+    assert len(full["runs"]) == 7 and full["next_after"] is None
+    assert "next page" not in cli("runs", "list", "--limit", "7").stdout
+    bogus = cli("runs", "list", "--after", "bogus")
+    assert bogus.returncode == 2 and "--after 'bogus' is not a run id" in bogus.stderr
     table = cli("runs", "list").stdout.splitlines()
     assert table[0].split()[:7] == ["run_id", "checkpoint_id", "workflow", "status", "created", "finished", "duration"]
     created, finished = table[2].split()[5:7]
@@ -214,6 +220,10 @@ async def test_purge_deletes_runs_finished_before_a_time_in_batches(cli: Cli) ->
     assert kept.returncode == 0 and kept.stdout.startswith("purged 0 finished run(s)")
     bad = cli("purge", "--finished-before", "last tuesday")
     assert bad.returncode == 2 and "neither an age" in bad.stderr
+    for zero in ("0d", "0s", "0.0h"):  # an age of zero would purge every finished run: refused, nothing deleted
+        refused = cli("purge", "--finished-before", zero)
+        assert refused.returncode == 2 and "an age of zero" in refused.stderr, refused.stderr
+    assert len(json.loads(cli("runs", "list", "--json").stdout)["runs"]) == 6
     purged = cli("purge", "--finished-before", "2999-01-01", "--batch", "2", "--json")
     assert json.loads(purged.stdout) == {"purged": 5, "finished_before": "2999-01-01T00:00:00.000Z"}
     remaining = json.loads(cli("runs", "list", "--json").stdout)
