@@ -130,9 +130,10 @@ class LeaseLostError(RunifoldError):
 
     def __init__(self, run_id: str, detail: str = "") -> None:
         self.run_id = run_id
+        ended = detail in ("the run was cancelled", "the run no longer exists")
         super().__init__(
             f"lease on run {run_id} was lost{': ' + detail if detail else ''}; "
-            "nothing was written, another worker may continue the run"
+            f"nothing was written{'' if ended else ', another worker may continue the run'}"
         )
 
 
@@ -208,8 +209,12 @@ class BudgetExceededError(RunFailure):
         self.limit = limit
         self.used = used
         self.allowed = allowed
-        reached = (f"would reach {used:g}, the budget allows {allowed:g}" if used > allowed
-                   else f"reached {used:g}, all the budget allows, and the run needed more")
+        if limit == "elapsed seconds":  # time is not spent by a call: it runs out
+            reached = f"ran out: {used:.1f} s since the run started, the budget allows {allowed:g}"
+        elif used > allowed:
+            reached = f"would reach {used:g}, the budget allows {allowed:g}"
+        else:
+            reached = f"reached {used:g}, all the budget allows, and the run needed more"
         super().__init__(f"budget exceeded: {limit} {reached}; raise the Budget of this definition or split the work")
 
 
@@ -244,9 +249,12 @@ class StepFailedError(WorkflowError):
 class EffectFailedError(WorkflowError):
     """An effect failed definitely, or an operator resolved it as failed."""
 
-    def __init__(self, key: str, reason: str) -> None:
+    def __init__(self, key: str, reason: str, error_type: str = "") -> None:
         self.key = key
         self.reason = reason
+        #: the qualified class name of the exception the effect's last attempt raised ("" when an operator
+        #: resolved it as failed)
+        self.error_type = error_type
         super().__init__(f"effect {key} failed: {reason}")
 
 

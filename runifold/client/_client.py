@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any, final
 
 from runifold.dsl import WorkflowDefinition
@@ -49,17 +50,19 @@ class RunHandle:
         """The run's row: status, revision, lease, times."""
         return await self._client.store.get_run(self.run_id)
 
-    async def result(self, timeout: float | None = None) -> Any:
+    async def result(self, timeout: float | timedelta | None = None) -> Any:
         """Wait for the run to finish; return its output, decoded to the workflow's return type.
 
         Args:
-            timeout: seconds to wait at most (None: as long as it takes).
+            timeout: how long to wait at most, in seconds or as a ``timedelta`` (None: as long as it takes).
 
         Raises:
             RunFailedError: the run failed or was cancelled (its reason, error type and traceback).
             TimeoutError: ``timeout`` passed first; the run goes on.
         """
         store = self._client.store
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
         deadline = None if timeout is None else time.monotonic() + timeout
         interval = POLL_SECONDS[0]
         while True:

@@ -55,10 +55,16 @@ class RunState:
     reason: str
 
 
+#: why a commit to a cancelled run is refused
+CANCELLED = "the run was cancelled"
+
+
 def fence(run: RunState | None, lease: Lease, expected: int, now: float) -> str | None:
     """Return why a commit from ``lease`` at revision ``expected`` is refused, or None if it may write."""
     if run is None:
         return "the run no longer exists"
+    if run.status is RunStatus.CANCELLED:
+        return CANCELLED
     if run.status is not RunStatus.RUNNING or run.lease_token != lease.token:
         return "fenced off by a newer lease"
     if run.lease_until is None or run.lease_until <= now:

@@ -300,8 +300,11 @@ class StoreConformance(ScheduleAndLimitConformance):
         lease = await self._claimed(store)
         await store.intervene("c1", {RunStatus.RUNNING, RunStatus.READY},
                               [EventRow.of(RunCancelled(by="ops", reason="test"))], RunStatus.CANCELLED)
-        with pytest.raises(LeaseLostError):
+        with pytest.raises(LeaseLostError) as lost:
             await store.commit(lease, 1, [step_row("a#1")], Continue())
+        # the holder is told why: the run will not go on anywhere
+        assert "the run was cancelled; nothing was written" in str(lost.value)
+        assert "another worker" not in str(lost.value)
         assert [e.type for e in await store.history("c1")] == ["run_started", "run_cancelled"]
         with pytest.raises(InvalidStateError):
             await store.intervene("c1", {RunStatus.PARKED}, [], RunStatus.READY)

@@ -472,7 +472,7 @@ class LiveProgress:
             return
         if retry_at is None:
             failure = (StepFailedError(key, error, attempt, type_name(exc)) if step
-                       else EffectFailedError(key, error))
+                       else EffectFailedError(key, error, type_name(exc)))
             self._done(call, [event], error=failure)
             return
         self.usage.retries += 1

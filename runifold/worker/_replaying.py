@@ -26,6 +26,8 @@ from runifold.history import (
     Cancelled,
     ChildStarted,
     Done,
+    EffectFailed,
+    EffectResolved,
     Failed,
     Fresh,
     InDoubt,
@@ -188,7 +190,9 @@ class Replaying:
                 if call.kind is CallKind.STEP:
                     failed = [e for e in events if isinstance(e, StepFailed)]
                     return None, StepFailedError(key, state.error, state.attempts, failed[-1].error_type if failed else "")
-                return None, EffectFailedError(key, state.error)
+                ended = [e for e in events if isinstance(e, (EffectFailed, EffectResolved))]
+                error_type = ended[-1].error_type if ended and isinstance(ended[-1], EffectFailed) else ""
+                return None, EffectFailedError(key, state.error, error_type)
             case CallKind.TIMER:
                 if isinstance(timer_state(events), Cancelled):
                     return None

@@ -80,6 +80,8 @@ async def test_result_times_out_and_cancel_ends_the_run(store: Any) -> None:
     handle = await client.start(parked_forever)
     with pytest.raises(TimeoutError):
         await handle.result(timeout=0.2)
+    with pytest.raises(TimeoutError):
+        await handle.result(timeout=dt.timedelta(milliseconds=100))  # a timedelta, like every other duration
     assert (await handle.status()).status is RunStatus.READY
     await handle.cancel(by="test", reason="not needed")
     await handle.cancel(by="test", reason="twice is fine")

@@ -81,7 +81,7 @@ def single(fn: Any, name: str) -> WorkflowDefinition:
         try:
             return await fn()
         except EffectFailedError as exc:
-            return f"failed: {exc.reason}"
+            return f"failed: {exc.reason} [{exc.error_type or 'no exception'}]"
 
     return WorkflowDefinition(wf)
 
@@ -127,7 +127,7 @@ async def test_a_definite_failure_follows_the_retry_policy(store: Any) -> None:
     definition = single(declined, "declining")
     await store.enqueue(WorkflowTask("declining", 1, {}, checkpoint_id="e1"))
     done = await worker(store, definition).run_once()
-    assert isinstance(done, Completed) and done.output.startswith("failed: ValueError: card declined")
+    assert isinstance(done, Completed) and done.output == "failed: ValueError: card declined [ValueError]"
     assert calls["declined"] == 2
     starts = [e.event for e in await entries(store, "e1") if isinstance(e.event, EffectStarted)]
     assert [s.attempt for s in starts] == [1, 2] and len({s.idempotency_key for s in starts}) == 1
@@ -159,7 +159,8 @@ async def unsure(key: str) -> str:
 
 
 @pytest.mark.parametrize(("resolution", "expected"), [
-    (Resolution.APPLIED, "sent by hand"), (Resolution.RETRY, "sent"), (Resolution.FAIL, "failed: resolved as failed"),
+    (Resolution.APPLIED, "sent by hand"), (Resolution.RETRY, "sent"),
+    (Resolution.FAIL, "failed: resolved as failed by an operator: checked [no exception]"),
 ])
 async def test_operator_resolution(store: Any, resolution: Resolution, expected: str) -> None:
     """Each resolution of an ambiguous effect resumes the run as its kind says, recorded with who and why."""
@@ -172,7 +173,7 @@ async def test_operator_resolution(store: Any, resolution: Resolution, expected:
         await resolve_effect(store, registry, "e1", "nope#1", resolution, by="ops", reason="x")
     await resolve_effect(store, registry, "e1", "unsure#1", resolution, by="ops", reason="checked", output="sent by hand")
     done = await worker(store, definition).run_once()
-    assert isinstance(done, Completed) and done.output.startswith(expected)
+    assert isinstance(done, Completed) and done.output == expected
     with pytest.raises(InvalidStateError):
         await resolve_effect(store, registry, "e1", "unsure#1", resolution, by="ops", reason="again")
 

@@ -328,7 +328,8 @@ async def test_the_elapsed_budget_ends_a_run_that_waits_past_it(store: Any) -> N
     assert isinstance(first, Suspended) and first.until == pytest.approx(started + 0.3, abs=0.05)
     await asyncio.sleep(0.4)
     ended = await worker(store, sleeper).run_once()
-    assert isinstance(ended, Failed) and "budget exceeded: elapsed seconds" in ended.reason
+    assert isinstance(ended, Failed) and "budget exceeded: elapsed seconds ran out: 0." in ended.reason
+    assert "s since the run started, the budget allows 0.3" in ended.reason
     await store.enqueue(WorkflowTask("napping", 1, {"seconds": 0.1}, checkpoint_id="short"))  # within budget
     assert isinstance(await worker(store, sleeper).run_once(), Suspended)
     await asyncio.sleep(0.15)

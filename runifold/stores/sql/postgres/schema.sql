@@ -293,6 +293,7 @@ BEGIN
                 ok := false;
                 detail := CASE
                     WHEN v_run.run_id IS NULL THEN 'the run no longer exists'
+                    WHEN v_run.status = 'cancelled' THEN 'the run was cancelled'
                     WHEN v_run.status <> 'running' OR v_run.lease_token <> p_token[i] THEN 'fenced off by a newer lease'
                     WHEN v_run.lease_until <= v_now THEN 'the lease expired'
                     ELSE format('revision %s is not the expected %s', v_run.revision, p_expected[i]) END;
