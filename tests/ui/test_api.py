@@ -41,7 +41,9 @@ def test_json_endpoints_return_what_the_cli_prints(served: Served) -> None:
                                                                               "--status", "ready")
     for ref in ("parse-failed", "pay-parked", "approve-1", "evolving-diverged"):
         shown = get_json(served.url + f"api/run?ref={ref}")
-        assert {k: shown[k] for k in ("run", "checkpoint", "children", "failure")} == cli_json(served, "runs", "show", ref)
+        printed = cli_json(served, "runs", "show", ref)  # with the app: its budget too
+        assert set(printed) == {"run", "checkpoint", "children", "failure", "budget"}
+        assert {k: shown[k] for k in printed} == printed
         assert get_json(served.url + f"api/history?ref={ref}") == cli_json(served, "history", ref)
         status, _, body = get(served.url + f"api/replay?ref={ref}")
         assert status == 200 and json.loads(body) == cli_json(served, "replay", ref)[0]
