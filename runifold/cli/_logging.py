@@ -20,7 +20,7 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def _timelike(key: str) -> bool:
-    return key.endswith(("_at", "_until")) or key in ("until", "deadline")
+    return key.endswith(("_at", "_until")) or key in ("until", "deadline", "tick")
 
 
 class ConsoleFormatter(logging.Formatter):

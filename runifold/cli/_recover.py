@@ -146,7 +146,7 @@ async def purge_cmd(args: argparse.Namespace) -> int:
     finally:
         await store.close()
     if args.json:
-        emit_json({"purged": purged, "finished_before": when(before)})
+        emit_json({"purged": purged, "finished_before": before})
     else:
         print(f"purged {purged} finished run(s) that finished before {when(before)}")
     return 0

@@ -49,7 +49,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     replay = sub.add_parser("replay", help="re-run stored histories against today's code (no writes, no bodies)")
     replay.add_argument("run", nargs="?", help="run id or checkpoint id")
-    replay.add_argument("--all", action="store_true", help="check every unfinished run (of --name, or every registered name)")
+    replay.add_argument("--all", action="store_true", help="check every unfinished run (of --name, or of any name), "
+                        "reporting runs whose version the app does not register")
     replay.add_argument("--name", help="with --all: only runs of this workflow")
     replay.set_defaults(handler=replay_cmd)
 

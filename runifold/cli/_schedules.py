@@ -10,6 +10,8 @@ from typing import Any
 from runifold.cli._common import UsageError, emit_json, parse_json, registry_of, seconds, store_of, table, when
 from runifold.errors import InvalidInputError
 from runifold.stores import Schedule, ScheduleInfo, WorkflowTask
+from runifold.stores._schedule import MAX_CATCHUP
+from runifold.worker._schedules import due_ticks
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,14 +49,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _window(value: str) -> float:
-    """An argparse type: a finite number of seconds, zero or more."""
+    """An argparse type: a catch-up window in seconds, from zero to MAX_CATCHUP."""
+    top = MAX_CATCHUP.total_seconds()
     try:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not math.isfinite(number) or number < 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be a finite number of seconds, zero or more")
+    if not math.isfinite(number) or not 0 <= number <= top:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be a number of seconds from 0 to {top:.0f} ({MAX_CATCHUP.days} days)")
     return number
+
+
+def _next_tick(info: ScheduleInfo, now: float) -> float | None:
+    """The next tick a worker starts: the oldest one due and not fired yet (by the catch-up policy), else the next."""
+    due = due_ticks(info.schedule, info.last_tick, now)
+    return due[0] if due else info.schedule.next_tick(max(info.last_tick, now))
 
 
 def _row(info: ScheduleInfo, now: float) -> dict[str, Any]:
@@ -63,7 +73,7 @@ def _row(info: ScheduleInfo, now: float) -> dict[str, Any]:
         "name": s.name, "workflow": s.workflow, "version": s.version, "input": dict(s.input), "cron": s.cron,
         "every": None if s.every is None else s.every.total_seconds(), "timezone": s.timezone,
         "catchup": s.catchup.total_seconds(), "paused": info.paused, "last_tick": info.last_tick,
-        "next_tick": None if info.paused else s.next_tick(max(info.last_tick, now)),
+        "next_tick": None if info.paused else _next_tick(info, now),
         "created_at": info.created_at, "updated_at": info.updated_at,
     }
 

@@ -114,6 +114,9 @@ def _translate(exc: BaseException) -> StoreError:
     """The one place driver errors become runifold errors, by SQLSTATE."""
     if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
         return StoreError("this PostgreSQL store was opened read-only; open it without readonly to write")
+    if isinstance(exc, asyncpg.exceptions.InsufficientPrivilegeError):
+        return StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}; this needs a role that may write the runifold "
+                          "tables (a role with SELECT rights only can run the read-only commands)")
     if isinstance(exc, asyncpg.PostgresError):
         return StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}")
     return StoreError(f"PostgreSQL driver error: {exc!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -211,3 +212,27 @@ def test_an_interrupt_outside_the_worker_exits_130(cli: Cli) -> None:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and "Traceback" not in err
+
+
+def test_console_log_lines_give_store_times_as_iso() -> None:
+    """The console format prints a store time (a schedule's tick, a retry's time, a deadline) as ISO-8601."""
+    from runifold._log import get_logger
+    from runifold.cli._logging import ConsoleFormatter
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("runifold.test_console")
+    logger.addHandler(keep := Keep())
+    logger.setLevel(logging.INFO)
+    try:
+        get_logger("runifold.test_console").info("schedule_fired", schedule="s", tick=1796143050.0,
+                                                  retry_at=1796143051.5, attempt=2)
+    finally:
+        logger.removeHandler(keep)
+    line = ConsoleFormatter().format(records[0])
+    assert "schedule_fired schedule=s tick=2026-12-01T16:37:30.000Z retry_at=2026-12-01T16:37:31.500Z attempt=2" \
+        in line, line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 from runifold import RunStatus, open_store
 from tests.cli.conftest import Cli
@@ -39,6 +40,16 @@ def test_schedule_add_list_pause_resume_delete(any_cli: Cli) -> None:
         "`runifold schedule list`\n"
 
 
+def test_schedule_list_gives_a_due_tick_not_yet_fired_as_the_next(cli: Cli) -> None:
+    """With no worker, a tick that came due is the next one a worker will start: list shows it, not a later one."""
+    assert cli("schedule", "add", "tick", "--workflow", "steps", "--version", "1", "--input", '{"n": 1}',
+               "--every", "1", "--catchup", "0").returncode == 0
+    time.sleep(2.2)  # two ticks come due; with --catchup 0 a worker starts the latest only
+    [row] = json.loads(cli("--json", "schedule", "list").stdout)
+    now = time.time()
+    assert row["last_tick"] < row["next_tick"] <= now, (row, now)  # due, where it used to show a later tick
+
+
 def test_schedule_add_refuses_bad_input_in_one_line(cli: Cli) -> None:
     """A bad cron field, name or time zone, no --cron/--every, and input the workflow refuses are one-line errors."""
     add = ("schedule", "add", "s", "--workflow", "steps", "--version", "1", "--input", '{"n": 1}')
@@ -47,7 +58,8 @@ def test_schedule_add_refuses_bad_input_in_one_line(cli: Cli) -> None:
         (("--cron", "* * * * *", "--timezone", "Nowhere/Atlantis"), 2, "unknown time zone 'Nowhere/Atlantis'"),
         ((), 2, "give one of --cron EXPRESSION or --every SECONDS"),
         (("--every", "1.5"), 2, "must be a whole number of seconds, at least 1, got 1.5 s"),
-        (("--every", "5", "--catchup", "-1"), 2, "must be a finite number of seconds, zero or more"),
+        (("--every", "5", "--catchup", "-1"), 2, "'-1' must be a number of seconds from 0 to 2678400 (31 days)"),
+        (("--every", "5", "--catchup", "9999999"), 2, "'9999999' must be a number of seconds from 0 to 2678400"),
     ]:
         done = cli(*add, *extra)
         assert done.returncode == code and message in done.stderr, (extra, done.stderr)

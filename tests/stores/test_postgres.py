@@ -255,3 +255,40 @@ async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_wri
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
+
+
+async def test_a_role_that_may_only_read_gets_an_error_that_says_so(open_store: Any) -> None:
+    """With a SELECT-only role, reads work and a write is refused with what to do (a role that may write)."""
+    import os
+
+    import asyncpg
+
+    from runifold.errors import StoreError
+    from runifold.stores import open_store as open_url
+
+    store = await open_store()
+    await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id="r1"))
+    role = f"runifold_reader_{os.getpid()}"
+    admin = await asyncpg.connect(store.dsn)
+    await admin.execute(f"DROP ROLE IF EXISTS {role}")
+    await admin.execute(f"CREATE ROLE {role} LOGIN")
+    await admin.execute(f"GRANT USAGE ON SCHEMA public TO {role}")
+    await admin.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role}")
+    scheme, rest = store.dsn.split("://", 1)
+    as_reader = f"{scheme}://{role}@{rest.split('@', 1)[1]}"
+    try:
+        reader = await open_url(as_reader, readonly=True)
+        try:
+            assert (await reader.get_run("r1")).name == "wf"
+        finally:
+            await reader.close()
+        with pytest.raises(StoreError, match="42501.*needs a role that may write the runifold tables"):
+            writer = await open_url(as_reader)
+            try:
+                await writer.enqueue(WorkflowTask("wf", 1, {"x": 2}))
+            finally:
+                await writer.close()
+    finally:
+        await admin.execute(f"DROP OWNED BY {role}")
+        await admin.execute(f"DROP ROLE {role}")
+        await admin.close()
