@@ -48,3 +48,47 @@ async def test_children_return_typed_results() -> None:
         assert result == children.Fulfilment(children.Invoice("ord_9", 4200), children.Parcel("ord_9", 3))
         assert await env.store.count_runs(name="bill") == 1 and await env.store.count_runs(name="pack") == 1
         await env.assert_replays()
+
+
+async def test_the_environment_step_by_step_with_an_operator_and_a_concurrency_key() -> None:
+    """docs/testing.md's step-by-step helpers: run_once, run_until_idle, skip_time, resolve_effect, concurrency."""
+    from datetime import timedelta
+
+    from runifold import (
+        Completed,
+        EffectOutcomeUnknown,
+        Idle,
+        Resolution,
+        ResumePolicy,
+        Suspended,
+        WorkflowContext,
+        WorkflowDefinition,
+        effect,
+        resolve_effect,
+        workflow,
+    )
+
+    @effect(resume=ResumePolicy.MANUAL)
+    async def charge_card(key: str, cents: int) -> str:
+        raise EffectOutcomeUnknown("the provider timed out")
+
+    @workflow("pay-later")
+    async def pay_later(ctx: WorkflowContext, cents: int) -> str:
+        await ctx.sleep(timedelta(hours=1))
+        return await charge_card(cents)
+
+    async with WorkflowEnvironment(WorkflowDefinition(pay_later)) as env:
+        run = await env.start(pay_later, {"cents": 500}, concurrency_key="cards", concurrency_limit=1)
+        assert (await env.store.get_run(run.run_id)).concurrency_key == "cards"
+        assert isinstance(await env.run_once(), Suspended)  # the sleep
+        assert await env.run_until_idle() == []  # nothing due: no time passes
+        assert await env.skip_time() is True  # to the timer
+        [parked] = await env.run_until_idle()
+        assert isinstance(parked, Suspended) and (await env.store.get_run(run.run_id)).status is RunStatus.PARKED
+        await resolve_effect(env.store, env.registry, run.run_id, "charge_card#1", Resolution.APPLIED, by="test",
+                             reason="seen in the console", output="ch_1")
+        assert await env.result(run) == "ch_1"
+        assert [type(o) for o in env.outcomes if not isinstance(o, Idle)][-1] is Completed
+        assert isinstance(await env.run_once(), Idle)
+        assert await env.skip_time() is False and await env.skip_time(by=timedelta(days=1)) is True
+        await env.assert_replays()

@@ -70,9 +70,11 @@ class WorkflowEnvironment:
     # -- starting and driving runs ------------------------------------------------------------
 
     async def start(self, workflow: Callable[..., Any] | WorkflowDefinition | str, input: Mapping[str, Any] | None = None,
-                    *, version: int | None = None, checkpoint_id: str | None = None) -> RunHandle:
+                    *, version: int | None = None, checkpoint_id: str | None = None,
+                    concurrency_key: str | None = None, concurrency_limit: int | None = None) -> RunHandle:
         """Start a run, as :meth:`runifold.Client.start` does (its input is checked against the workflow)."""
-        return await self.client.start(workflow, input, version=version, checkpoint_id=checkpoint_id)
+        return await self.client.start(workflow, input, version=version, checkpoint_id=checkpoint_id,
+                                       concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
 
     async def run_once(self) -> Outcome:
         """Let the worker claim and drive at most one due run."""
