@@ -77,13 +77,26 @@ async def fire_due_schedules(
     return fired
 
 
+#: (schedule, workflow, version) this process said it cannot start (see _plan)
+_SAID_UNAVAILABLE: set[tuple[str, str, int]] = set()
+
+
 def _plan(info: ScheduleInfo, registry: WorkflowRegistry, now: float) -> tuple[float, list[tuple[float, WorkflowTask]]] | None:
     """The last due tick of one schedule and the (tick, task) to start, or None when this worker does not start it now."""
     schedule = info.schedule
-    if info.paused or registry.get(schedule.workflow, schedule.version) is None:
-        return None  # a worker that has the version fires it
+    if info.paused:
+        return None
     ticks = due_ticks(schedule, info.last_tick, now)
     if not ticks:
+        return None
+    if registry.get(schedule.workflow, schedule.version) is None:
+        # a worker that has the version fires it; said once per process, so a missing version is not silent
+        said = (schedule.name, schedule.workflow, schedule.version)
+        if said not in _SAID_UNAVAILABLE:
+            _SAID_UNAVAILABLE.add(said)
+            log.warning("schedule_not_here", schedule=schedule.name, workflow=schedule.workflow,
+                        version=schedule.version, detail="a tick is due and this worker does not register this "
+                        "version: a worker that does starts it (until one does, ticks older than the catch-up pass)")
         return None
     try:
         tasks = [registry.validate(schedule.task(tick)) for tick in ticks]
