@@ -171,6 +171,15 @@ def _indented(text: str, indent: str) -> list[str]:
     return [indent + printable(line) for line in text.splitlines()]
 
 
+async def _running_of_key(args: argparse.Namespace, key: str) -> int:
+    """How many runs of a concurrency key are running now."""
+    store = await store_of(args, readonly=True)
+    try:
+        return await store.count_runs(status=RunStatus.RUNNING, concurrency_key=key)
+    finally:
+        await store.close()
+
+
 async def runs_show(args: argparse.Namespace) -> int:
     info, entries, children = await _run_and_children(args, args.run)
     checkpoint = fold(entries)
@@ -196,7 +205,12 @@ async def runs_show(args: argparse.Namespace) -> int:
     if _reason(info):
         out.append(f"reason      {printable(_reason(info))}")
     if info.concurrency_key is not None:
-        out.append(f"concurrency key {printable(info.concurrency_key)}, at most {info.concurrency_limit} running at once")
+        running = await _running_of_key(args, info.concurrency_key)
+        line = (f"concurrency key {printable(info.concurrency_key)}, at most {info.concurrency_limit} running at once: "
+                f"{running} running now")
+        if info.status is RunStatus.READY and info.concurrency_limit is not None and running >= info.concurrency_limit:
+            line += " (this run waits for one of them to stop)"
+        out.append(line)
     if checkpoint.parent_run_id:
         out.append(f"parent      {checkpoint.parent_run_id}")
     out += [f"child       {printable(key)} -> {child.run_id} ({child.name} v{child.version}, {child.status})"

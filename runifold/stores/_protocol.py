@@ -411,9 +411,10 @@ class WorkflowStore(Protocol):
         ...
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
-        """Count runs."""
+        """Count runs (of a concurrency key too: how many of its runs are running, say)."""
         ...
 
     async def history(self, run_ref: str) -> list[StoredEvent]:

@@ -366,9 +366,11 @@ class MemoryWorkflowStore:
         return runs[:limit]
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
-        return len(self._matching(status, name, version))
+        return sum(1 for r in self._matching(status, name, version)
+                   if concurrency_key is None or r.concurrency_key == concurrency_key)
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
         return list(self._find(run_ref).events)

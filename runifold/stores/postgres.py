@@ -475,10 +475,11 @@ class PostgresWorkflowStore:
         return [_run_info(r) for r in rows]
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
         return int(await self._call(lambda conn: conn.fetchval(
-            Q["count_runs"], None if status is None else str(status), name, version)))
+            Q["count_runs"], None if status is None else str(status), name, version, concurrency_key)))
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
         rows = await self._call(lambda conn: conn.fetch(HISTORY[ref_column(run_ref)], run_ref))

@@ -555,9 +555,10 @@ class SqliteWorkflowStore:
         return [_run_info(r) for r in rows]
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None
+        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
+        concurrency_key: str | None = None,
     ) -> int:
-        params = (None if status is None else str(status), name, version)
+        params = (None if status is None else str(status), name, version, concurrency_key)
         return int((await self._read(lambda c: c.execute(Q["count_runs"], params).fetchone()))[0])
 
     async def history(self, run_ref: str) -> list[StoredEvent]:

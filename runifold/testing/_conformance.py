@@ -514,6 +514,11 @@ class StoreConformance(ScheduleAndLimitConformance):
         assert paged == sorted(ids, reverse=True)
         assert await store.count_runs(name="wf") == 5 and await store.count_runs() == 6
         assert await store.count_runs(status=RunStatus.COMPLETED) == 0
+        for i in range(3):  # runs of a concurrency key: counted by key, and by key and status
+            await store.enqueue(WorkflowTask("keyed", 1, {"i": i}, concurrency_key="k", concurrency_limit=2))
+        assert await store.claim("w", ["keyed"], 30.0) is not None
+        assert await store.count_runs(concurrency_key="k") == 3 and await store.count_runs(concurrency_key="z") == 0
+        assert await store.count_runs(status=RunStatus.RUNNING, concurrency_key="k") == 1
 
     async def test_purge_finished_deletes_old_finished_runs_in_batches(self, store: Any) -> None:
         """purge_finished deletes at most limit finished runs updated before the cutoff, and nothing unfinished."""

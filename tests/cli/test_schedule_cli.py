@@ -101,4 +101,24 @@ def test_enqueue_takes_a_concurrency_key(any_cli: Cli) -> None:
 
     assert asyncio.run(key()) == ("pay", 2, RunStatus.READY)
     shown = cli("runs", "show", "k1")
-    assert "concurrency key pay, at most 2 running at once" in shown.stdout, shown.stdout
+    assert "concurrency key pay, at most 2 running at once: 0 running now\n" in shown.stdout, shown.stdout
+    # a ready run whose key is full says so (it is held back, not forgotten)
+    for ref in ("h1", "h2"):
+        assert cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", ref, "--concurrency-key", "one",
+                   "--concurrency-limit", "1").returncode == 0
+
+    async def claim_one() -> str:
+        store = await open_store(cli.url)
+        try:
+            while True:  # k1 (due first) is claimed too, then one of h1, h2
+                claim = await store.claim("test-worker", ["steps"], 30.0)
+                assert claim is not None
+                if claim.checkpoint_id in ("h1", "h2"):
+                    return "h2" if claim.checkpoint_id == "h1" else "h1"
+        finally:
+            await store.close()
+
+    held = asyncio.run(claim_one())
+    shown = cli("runs", "show", held)
+    assert ("concurrency key one, at most 1 running at once: 1 running now (this run waits for one of them to "
+            "stop)") in shown.stdout, shown.stdout
