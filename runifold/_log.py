@@ -54,14 +54,11 @@ def get_logger(name: str) -> Logger:
 class Logger:
     """A structlog-style logger: ``bind`` fields, then log an event name with more fields."""
 
-    __slots__ = ("_context", "_logger", "_structlog")
+    __slots__ = ("_context", "_logger")
 
     def __init__(self, logger: logging.Logger, context: dict[str, Any]) -> None:
         self._logger = logger
         self._context = context
-        # structlog's lazy proxy, made at the first call that goes to structlog; it reads structlog's
-        # configuration at every call (unless that configuration caches loggers), so it is kept
-        self._structlog: Any = None
 
     @property
     def name(self) -> str:
@@ -90,9 +87,7 @@ class Logger:
 
     def _emit(self, level: int, method: str, event: str, fields: dict[str, Any]) -> None:
         if structlog.is_configured():
-            if self._structlog is None:
-                self._structlog = structlog.get_logger(self._logger.name, **self._context)
-            getattr(self._structlog, method)(event, **fields)
+            getattr(structlog.get_logger(self._logger.name, **self._context), method)(event, **fields)
             return
         if not self._logger.isEnabledFor(level):
             return

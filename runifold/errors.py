@@ -125,12 +125,17 @@ class InvalidStateError(RunifoldError):
     """The operation does not apply to the run in its current state."""
 
 
+#: why a commit was refused for good: the run is no more to be continued by anyone (see :class:`LeaseLostError`)
+RUN_GONE = "the run no longer exists"
+RUN_CANCELLED = "the run was cancelled"
+
+
 class LeaseLostError(RunifoldError):
     """The worker no longer holds the run's lease; nothing was written."""
 
     def __init__(self, run_id: str, detail: str = "") -> None:
         self.run_id = run_id
-        ended = detail in ("the run was cancelled", "the run no longer exists")
+        ended = detail in (RUN_GONE, RUN_CANCELLED)
         super().__init__(
             f"lease on run {run_id} was lost{': ' + detail if detail else ''}; "
             f"nothing was written{'' if ended else ', another worker may continue the run'}"
@@ -205,17 +210,20 @@ class RunFailure(RunifoldError):
 class BudgetExceededError(RunFailure):
     """A run exceeded one of its budget's limits."""
 
-    def __init__(self, limit: str, used: float, allowed: float) -> None:
+    def __init__(self, limit: str, used: float, allowed: float, reached: str | None = None) -> None:
         self.limit = limit
         self.used = used
         self.allowed = allowed
-        if limit == "elapsed seconds":  # time is not spent by a call: it runs out
-            reached = f"ran out: {used:.1f} s since the run started, the budget allows {allowed:g}"
-        elif used > allowed:
-            reached = f"would reach {used:g}, the budget allows {allowed:g}"
-        else:
-            reached = f"reached {used:g}, all the budget allows, and the run needed more"
+        if reached is None:
+            reached = (f"would reach {used:g}, the budget allows {allowed:g}" if used > allowed
+                       else f"reached {used:g}, all the budget allows, and the run needed more")
         super().__init__(f"budget exceeded: {limit} {reached}; raise the Budget of this definition or split the work")
+
+    @classmethod
+    def elapsed(cls, used: float, allowed: float) -> BudgetExceededError:
+        """The run's elapsed budget ran out (time is not spent by a call: it runs out)."""
+        return cls("elapsed seconds", used, allowed,
+                   f"ran out: {used:.1f} s since the run started, the budget allows {allowed:g}")
 
 
 class CapabilityDeniedError(RunFailure):

@@ -108,23 +108,26 @@ async def runs_list(args: argparse.Namespace) -> int:
 
 
 async def _entries(args: argparse.Namespace, run_ref: str) -> tuple[RunInfo, list[Entry]]:
-    info, entries, _ = await _run_and_children(args, run_ref, children=False)
+    info, entries, _, _ = await _run_and_children(args, run_ref, children=False)
     return info, entries
 
 
 async def _run_and_children(
     args: argparse.Namespace, run_ref: str, *, children: bool = True
-) -> tuple[RunInfo, list[Entry], dict[str, RunInfo]]:
-    """A run, its history, and (if asked) its child runs by the key of the call that started each."""
+) -> tuple[RunInfo, list[Entry], dict[str, RunInfo], int]:
+    """A run, its history, and (if asked) its child runs by the key of the call that started each, and how
+    many runs of its concurrency key are running (0 without a key, or when children are not asked for)."""
     store = await store_of(args, readonly=True)
     try:
         info = await store.get_run(run_ref)
         rows = await store.history(info.run_id)
         entries = [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
         found = {key: await store.get_run(child) for key, child in fold(entries).children.items()} if children else {}
+        running = (await store.count_runs(status=RunStatus.RUNNING, concurrency_key=info.concurrency_key)
+                   if children and info.concurrency_key is not None else 0)
     finally:
         await store.close()
-    return info, entries, found
+    return info, entries, found, running
 
 
 def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | EffectFailed | None]:
@@ -171,17 +174,8 @@ def _indented(text: str, indent: str) -> list[str]:
     return [indent + printable(line) for line in text.splitlines()]
 
 
-async def _running_of_key(args: argparse.Namespace, key: str) -> int:
-    """How many runs of a concurrency key are running now."""
-    store = await store_of(args, readonly=True)
-    try:
-        return await store.count_runs(status=RunStatus.RUNNING, concurrency_key=key)
-    finally:
-        await store.close()
-
-
 async def runs_show(args: argparse.Namespace) -> int:
-    info, entries, children = await _run_and_children(args, args.run)
+    info, entries, children, running = await _run_and_children(args, args.run)
     checkpoint = fold(entries)
     budget = None
     if args.app:
@@ -205,7 +199,6 @@ async def runs_show(args: argparse.Namespace) -> int:
     if _reason(info):
         out.append(f"reason      {printable(_reason(info))}")
     if info.concurrency_key is not None:
-        running = await _running_of_key(args, info.concurrency_key)
         line = (f"concurrency key {printable(info.concurrency_key)}, at most {info.concurrency_limit} running at once: "
                 f"{running} running now")
         if info.status is RunStatus.READY and info.concurrency_limit is not None and running >= info.concurrency_limit:

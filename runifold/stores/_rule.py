@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from runifold.errors import InvalidStateError, SignalRejectedError
+from runifold.errors import RUN_CANCELLED, RUN_GONE, InvalidStateError, SignalRejectedError
 from runifold.stores._protocol import EventRow, Lease, RunColumns, RunStatus
 
 #: the statuses :meth:`WorkflowStore.wake` makes due now
@@ -55,16 +55,12 @@ class RunState:
     reason: str
 
 
-#: why a commit to a cancelled run is refused
-CANCELLED = "the run was cancelled"
-
-
 def fence(run: RunState | None, lease: Lease, expected: int, now: float) -> str | None:
     """Return why a commit from ``lease`` at revision ``expected`` is refused, or None if it may write."""
     if run is None:
-        return "the run no longer exists"
+        return RUN_GONE
     if run.status is RunStatus.CANCELLED:
-        return CANCELLED
+        return RUN_CANCELLED
     if run.status is not RunStatus.RUNNING or run.lease_token != lease.token:
         return "fenced off by a newer lease"
     if run.lease_until is None or run.lease_until <= now:

@@ -99,9 +99,10 @@ class Schedule:
                     "drop timezone or use cron"
                 )
         if not isinstance(self.catchup, timedelta) or not timedelta(0) <= self.catchup <= MAX_CATCHUP:
+            got = f"{self.catchup.total_seconds():.12g} s" if isinstance(self.catchup, timedelta) else repr(self.catchup)
             raise InvalidInputError(
-                f"schedule {self.name!r}: catchup must be a timedelta from 0 to {MAX_CATCHUP.days} days, "
-                f"got {self.catchup!r}"
+                f"schedule {self.name!r}: the catch-up window (catchup, --catchup) must be from 0 to "
+                f"{MAX_CATCHUP.total_seconds():.0f} s ({MAX_CATCHUP.days} days), got {got}"
             )
         self.zone()
         if self.cron is not None:

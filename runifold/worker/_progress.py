@@ -180,22 +180,27 @@ class LiveProgress:
                     assert_never(unreachable)
             if self._failure is not None:
                 return
-        deadline = self._deadline()
-        if deadline is not None and now >= deadline and not self._parked():
+        out_of_time = self._out_of_time(now, at=True)
+        if out_of_time is not None and not self._parked():
             # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time (a
             # run with an ambiguous effect waits for its operator instead: failing it would strand the effect)
-            budget = self.definition.budget.max_elapsed
-            assert budget is not None
             for call in self._open:
                 if call.kind in (CallKind.TIMER, CallKind.SIGNAL) and not call.future.done():
-                    elapsed = now - self.replayer.started_at
-                    self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.total_seconds()), call.key)
+                    self._fail(out_of_time, call.key)
                     return
 
     def _deadline(self) -> float | None:
         """When the run's elapsed budget runs out (store clock), if it has one."""
         budget = self.definition.budget.max_elapsed
         return None if budget is None else self.replayer.started_at + budget.total_seconds()
+
+    def _out_of_time(self, now: float, *, at: bool) -> BudgetExceededError | None:
+        """The error when the run's elapsed budget has run out by ``now`` (``at``: reaching it counts)."""
+        budget = self.definition.budget.max_elapsed
+        deadline = self._deadline()
+        if budget is None or deadline is None or now < deadline or (now == deadline and not at):
+            return None
+        return BudgetExceededError.elapsed(now - self.replayer.started_at, budget.total_seconds())
 
     def _parked(self) -> bool:
         """An open call waits for an operator (an ambiguous effect)."""
@@ -232,10 +237,9 @@ class LiveProgress:
             self._fail(CapabilityDeniedError(key, requires), key)
             return False
         budget = self.definition.budget
-        deadline = self._deadline()
-        if deadline is not None and budget.max_elapsed is not None and self.store_time() > deadline:
-            elapsed = self.store_time() - self.replayer.started_at
-            self._fail(BudgetExceededError("elapsed seconds", elapsed, budget.max_elapsed.total_seconds()), key)
+        out_of_time = self._out_of_time(self.store_time(), at=False)
+        if out_of_time is not None:
+            self._fail(out_of_time, key)
             return False
         if kind is CallKind.STEP and budget.max_steps is not None and self.usage.steps + 1 > budget.max_steps:
             self._fail(BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps), key)

@@ -76,13 +76,6 @@ class Replaying:
     def _classify(self, call: Call, events: list[AnyEvent]) -> bool:
         """Take a call's state from its recorded events; True if it progresses live (else replay answers it)."""
         key = call.key
-        if not events:  # a call made for the first time (the common case): it progresses live from its start
-            if call.kind is CallKind.TIMER:
-                assert call.due is not None
-                self._buffer.append(TimerStarted(key=key, fire_at=call.due))
-            elif call.kind is CallKind.SIGNAL:
-                self._buffer.append(SignalWaitStarted(key=key, name=call.name, deadline=call.due))
-            return True
         match call.kind:
             case CallKind.STEP:
                 state = step_state(events)
