@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, assert_never
 
 import msgspec
-import structlog
 
+from runifold._log import context_var
 from runifold.dsl import Evidence, ResumePolicy, WorkflowDefinition
 from runifold.dsl._decorators import EffectOutcomeUnknown
 from runifold.dsl._definition import EffectSpec, RetryPolicy, StepSpec
@@ -61,6 +61,8 @@ from runifold.stores import EnqueueResult, InboxSignal, WorkflowTask
 from runifold.worker._call import Call, Live, Usage
 from runifold.worker._loop import WorkflowLoop
 
+#: the call key on log lines of a body (structlog's context-local field ``key``)
+_KEY = context_var("key")
 _UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
 
 
@@ -337,7 +339,7 @@ class LiveProgress:
             value: Any = None
             exc: BaseException | None = None
             # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
-            bound = structlog.contextvars.bind_contextvars(key=start.call.key)
+            bound = _KEY.set(start.call.key)
             try:
                 value = await _body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
@@ -348,13 +350,13 @@ class LiveProgress:
             except Exception as err:
                 exc = err
             finally:
-                structlog.contextvars.reset_contextvars(**bound)
+                _KEY.reset(bound)
             self._finished.append((start.call, value, exc, start.what))
             return
         for start in starts:
             # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
             ctx = contextvars.copy_context()
-            ctx.run(structlog.contextvars.bind_contextvars, key=start.call.key)
+            ctx.run(_KEY.set, start.call.key)
             task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout), context=ctx)
             start.call.body = task
             self._bodies.add(task)
