@@ -23,6 +23,7 @@ from runifold import (
     Evidence,
     ResumePolicy,
     RetryPolicy,
+    StepFailedError,
     WorkflowContext,
     WorkflowDefinition,
     WorkflowRegistry,
@@ -117,9 +118,43 @@ def _payment_workflow(name: str, charge: Any) -> WorkflowDefinition:
     return WorkflowDefinition(pay, capabilities=CapabilitySet("payments"))
 
 
+@step(retry=RetryPolicy(max_attempts=1))
+async def withdraw(order_id: str) -> str:
+    while not (_dir() / "applied").exists():  # the charge goes through before the order is withdrawn
+        await asyncio.sleep(0.02)
+    raise RuntimeError(f"order {order_id} was withdrawn")
+
+
+@step()
+async def note_withdrawal(order_id: str) -> str:
+    (_dir() / "noted").touch()
+    await _hold("block-noted")
+    return order_id
+
+
+def _abandoning_workflow(name: str, charge: Any) -> WorkflowDefinition:
+    """The charge is abandoned: a sibling fails, the task group cancels it while its body runs, and the run
+    goes on to note the withdrawal and finish; the charge must still get its outcome."""
+
+    @workflow(name)
+    async def withdrawn(ctx: WorkflowContext, order_id: str, amount: int) -> str:
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(charge(order_id, amount))
+                group.create_task(withdraw(order_id))
+        except* StepFailedError:
+            pass
+        return await note_withdrawal(order_id)
+
+    return WorkflowDefinition(withdrawn, capabilities=CapabilitySet("payments"))
+
+
 PAY_RECONCILE = _payment_workflow("pay-reconcile", charge_reconcile)
 PAY_REPEAT = _payment_workflow("pay-repeat", charge_repeat)
 PAY_MANUAL = _payment_workflow("pay-manual", charge_manual)
 PAY_UNGRANTED = WorkflowDefinition(_payment_workflow("pay-ungranted", charge_reconcile).fn)
 
-registry = WorkflowRegistry(PAY_RECONCILE, PAY_REPEAT, PAY_MANUAL, PAY_UNGRANTED)
+ABANDON = [_abandoning_workflow(f"abandon-{policy}", charge)
+           for policy, charge in (("reconcile", charge_reconcile), ("repeat", charge_repeat), ("manual", charge_manual))]
+
+registry = WorkflowRegistry(PAY_RECONCILE, PAY_REPEAT, PAY_MANUAL, PAY_UNGRANTED, *ABANDON)

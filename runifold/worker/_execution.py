@@ -438,8 +438,8 @@ class Execution(LiveProgress, Replaying):
             if self._resolutions:
                 self._deliver_next()
                 continue
-            if self._failure is None and not root.done():
-                self._advance()
+            if self._failure is None:
+                self._advance(settling=root.done())
             if self._starts:
                 await self._launch()
                 continue
@@ -451,8 +451,12 @@ class Execution(LiveProgress, Replaying):
             if self._failure is not None:
                 return await self._finish_failed(self._failure)
             if root.done():
-                return await self._finish_root(root)
-            return await self._suspend()
+                # invariant: a run finishes only once every effect that started has its outcome
+                unsettled = self._unsettled()
+                if not unsettled:
+                    return await self._finish_root(root)
+                return await self._suspend(unsettled)
+            return await self._suspend([c for c in self._open if not c.future.done() or self._runs_on(c)])
 
     # -- handing outcomes to workflow code ----------------------------------------------------
 
@@ -559,9 +563,8 @@ class Execution(LiveProgress, Replaying):
         self.log.error("nondeterminism", key=divergence.key, reason=str(divergence))
         return FailedOutcome(self.run_id, self.checkpoint_id, str(divergence), run_failed=False)
 
-    async def _suspend(self) -> Outcome:
-        """Workflow code is idle and nothing is due: commit the transition its open calls imply."""
-        pending = [c for c in self._open if not c.future.done()]
+    async def _suspend(self, pending: list[Call]) -> Outcome:
+        """Workflow code is idle and nothing is due: commit the transition its ``pending`` calls imply."""
         if not pending:
             return await self._finish_failed((
                 "the workflow is blocked on something that is not a runifold call (an Event or a future "
@@ -616,7 +619,7 @@ class Execution(LiveProgress, Replaying):
 
     def _next_due(self) -> float | None:
         dues = [c.due for c in self._open if c.due is not None and not c.busy and c.parked is None
-                and not c.future.done()]
+                and (not c.future.done() or self._runs_on(c))]
         return min(dues) if dues else None
 
     def _wake_up(self) -> None:

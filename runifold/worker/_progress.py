@@ -137,9 +137,8 @@ class LiveProgress:
             return
         if call not in self._open and not call.busy:
             return  # its outcome is recorded already, or it never progressed live
-        if call.kind is CallKind.EFFECT and (call.busy or call.attempt > 1 or call.in_doubt
-                                             or call.parked is not None or self.replayer.is_recorded(call.key)):
-            return  # started in some attempt: it runs to its outcome; _advance drops it once it is idle
+        if self._runs_on(call):
+            return  # started in some attempt: it runs to its outcome (see _runs_on)
         if call in self._open:
             self._open.remove(call)
         call.cancelled = True
@@ -148,14 +147,33 @@ class LiveProgress:
         self._buffer.append(CallCancelled(key=call.key, kind=call.kind.value, attempt=call.attempt, ran=call.busy))
         self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
 
+    def _runs_on(self, call: Call) -> bool:
+        """An effect that started in some attempt: it is driven to its outcome whether or not workflow code
+        still waits for it (it may have touched the world).
+
+        That holds across crashes: an attempt left in doubt is recovered by the effect's resume policy, a
+        retry runs when due, and one parked waits for its operator, before the run may finish.
+        """
+        return call.kind is CallKind.EFFECT and (call.busy or call.attempt > 1 or call.in_doubt
+                                                 or call.parked is not None or self.replayer.is_recorded(call.key))
+
+    def _unsettled(self) -> list[Call]:
+        """Open calls that workflow code no longer waits for but that run on (see :meth:`_runs_on`)."""
+        return [c for c in self._open if c.future.done() and self._runs_on(c)]
+
     # -- live progress --------------------------------------------------------------------------
 
-    def _advance(self) -> None:
-        """Start what is due among the open calls: bodies, timers, signals, retries."""
+    def _advance(self, *, settling: bool = False) -> None:
+        """Start what is due among the open calls: bodies, timers, signals, retries.
+
+        ``settling``: workflow code has finished; only the calls that run on (effects that started) progress.
+        """
         now = self.store_time()
         for call in list(self._open):
-            if call.future.done() and not call.busy:
+            if call.future.done() and not self._runs_on(call):
                 self._open.remove(call)  # nobody waits for it any more
+                continue
+            if settling and not self._runs_on(call):
                 continue
             if call.busy or call.parked is not None:
                 continue

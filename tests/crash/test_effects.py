@@ -12,7 +12,7 @@ import pytest
 from runifold import Resolution, RunStatus, WorkflowTask, open_store, resolve_effect
 from tests.crash.conftest import CrashEnv
 from tests.effects_app import registry as effects_registry
-from runifold.history import EffectResolved
+from runifold.history import EffectResolved, fold
 from tests.support import entries, event_types
 
 APP = "tests.effects_app:registry"
@@ -123,4 +123,42 @@ async def test_manual_is_ambiguous_at_once(crash_env: CrashEnv) -> None:
     assert outcome == "Suspended"
     assert counts() == (1, 1)
     assert (await event_types(store, "o1"))[-1] == "effect_ambiguous"
+    await store.close()
+
+
+@pytest.mark.parametrize("policy", ["reconcile", "repeat", "manual"])
+async def test_an_abandoned_effect_in_doubt_after_a_crash_gets_its_outcome_before_the_run_ends(
+        crash_env: CrashEnv, policy: str) -> None:
+    """Found by a user: a task group cancels a charge whose body has started (a sibling failed), the worker
+    dies while the charge is in flight, and the run, replayed, has nothing waiting for the charge any more.
+    It must not finish with the charge in doubt: its resume policy decides, as for an awaited effect."""
+    tmp = Path(crash_env.tmp)
+    store = await open_store(crash_env.url)
+    await store.enqueue(WorkflowTask(f"abandon-{policy}", 1, {"order_id": "o1", "amount": 1250}, checkpoint_id="o1"))
+    (tmp / "block-after-apply").touch()
+    (tmp / "block-noted").touch()
+    doomed = crash_env.spawn("worker-a", LEASE, APP)
+    crash_env.wait_for("noted")  # the sibling's failure is committed and the charge, abandoned, is in flight
+    os.kill(doomed.pid, signal.SIGKILL)
+    doomed.wait()
+    (tmp / "block-after-apply").unlink()
+    (tmp / "block-noted").unlink()
+    outcome = last_line(crash_env, "worker-b")
+    types = await event_types(store, "o1")
+    if policy == "manual":
+        assert outcome == "Suspended" and "effect_ambiguous" in types and "run_completed" not in types
+        assert (await store.get_run("o1")).status is RunStatus.PARKED
+        await resolve_effect(store, effects_registry, "o1", "1/charge_card#1", Resolution.APPLIED, by="ops-oncall",
+                             reason="charged, per the provider console", output={"charge_id": "ch_x", "amount": 1250})
+        assert last_line(crash_env, "worker-c") == "Completed"
+        types = await event_types(store, "o1")
+    else:
+        assert outcome == "Completed"
+    outcome_event = {"reconcile": "effect_reconciled", "repeat": "effect_completed", "manual": "effect_resolved"}[policy]
+    assert types.index("effect_started") < types.index(outcome_event) < types.index("run_completed")
+    applied, calls = counts()
+    assert applied == 1
+    assert calls == (2 if policy == "repeat" else 1)
+    checkpoint = fold(await entries(store, "o1"))
+    assert checkpoint.result == "o1" and checkpoint.pending_effects == {}
     await store.close()

@@ -25,6 +25,7 @@ from runifold import (
     RetryPolicy,
     RunStatus,
     SerializationError,
+    StepFailedError,
     Suspended,
     SuspendReason,
     WorkflowContext,
@@ -34,6 +35,7 @@ from runifold import (
     cancel_run,
     effect,
     resolve_effect,
+    step,
     workflow,
 )
 from runifold.history import EffectStarted, fold
@@ -254,3 +256,34 @@ async def test_an_unknown_outcome_with_the_retry_budget_spent_is_parked_not_fail
     assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS
     assert "retry budget (1) is spent" in outcome.detail and calls["never_sure"] == 2
     assert (await store.get_run("n1")).status is RunStatus.PARKED
+
+
+@step(retry=RetryPolicy(max_attempts=1))
+async def refuse_order() -> str:
+    await asyncio.sleep(0.05)  # the effect has started by now
+    raise RuntimeError("the order was withdrawn")
+
+
+@workflow("abandon-hanging")
+async def abandon_hanging(ctx: WorkflowContext) -> str:
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(hangs_repeat())
+            group.create_task(refuse_order())
+    except* StepFailedError:
+        pass
+    return "withdrawn"
+
+
+async def test_an_abandoned_effect_whose_outcome_is_unknown_is_repeated_then_parked_before_the_run_ends(store: Any) -> None:
+    """A task group cancels an effect whose body has started; its attempt times out (outcome unknown). Nobody
+    waits for it, but it may have touched the world: REPEAT tries again with the same key, and with its
+    attempts spent it is parked for an operator. The run must not complete with the effect's outcome unknown."""
+    await store.enqueue(WorkflowTask("abandon-hanging", 1, {}, checkpoint_id="e1"))
+    outcome = await worker(store, WorkflowDefinition(abandon_hanging)).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert calls["hangs"] == 2 and len(set(seen_keys)) == 1
+    types = await event_types(store, "e1")
+    assert types.count("effect_unknown") == 2 and types[-1] == "effect_ambiguous" and "run_completed" not in types
+    info = await store.get_run("e1")
+    assert info.status is RunStatus.PARKED and "1/hangs_repeat#1 is ambiguous" in info.reason
