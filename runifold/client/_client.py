@@ -134,6 +134,7 @@ class Client:
         Raises:
             EnqueueConflictError: ``checkpoint_id`` names a run of a different task.
             InvalidInputError: the input does not fit the workflow's parameters.
+            SerializationError: the input holds a value that cannot be recorded.
             UnknownWorkflowError: a name and version the registry does not hold.
         """
         spec = _spec_of(workflow)

@@ -206,6 +206,7 @@ class WorkflowContext:
 
         Raises:
             InvalidInputError: the input does not fit the child workflow's parameters.
+            SerializationError: the input holds a value that cannot be recorded.
             EnqueueConflictError: ``checkpoint_id`` names another run.
         """
         b = _binding()

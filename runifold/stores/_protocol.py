@@ -77,6 +77,11 @@ class WorkflowTask:
             only while fewer than ``concurrency_limit`` runs of its key are
             running (claimed under an unexpired lease). Both or neither.
         concurrency_limit: how many runs of ``concurrency_key`` may run at once.
+
+    Raises:
+        InvalidInputError: a field is malformed (the message says which).
+        SerializationError: the input holds a value that cannot be recorded (NaN or an
+            infinity, invalid Unicode, an object JSON cannot hold).
     """
 
     name: str
@@ -110,10 +115,9 @@ class WorkflowTask:
         except SerializationError as exc:
             raise InvalidInputError(str(exc)) from exc
         check_concurrency(self.concurrency_key, self.concurrency_limit)
-        try:
-            to_plain(dict(self.input), what="the task input")
-        except Exception as exc:
-            raise InvalidInputError(str(exc)) from exc
+        # a value that cannot be recorded (NaN, invalid Unicode, an object JSON cannot hold) is refused here as
+        # everywhere else a value is recorded: SerializationError
+        to_plain(dict(self.input), what="the task input")
 
     def first_event(self) -> EventRow:
         """Return the ``run_started`` row that opens this task's history."""

@@ -246,14 +246,15 @@ class Execution(LiveProgress, Replaying):
         definition = self._registry.get(name, version) if self._registry is not None else None
         if definition is None and isinstance(spec, WorkflowSpec) and version == spec.version:
             definition = WorkflowDefinition(workflow)
-        if definition is not None:
-            bind_input(definition, dict(input))
         # invariant: the child's checkpoint id follows from this run and the call, so a replay that starts the
         # child again finds the same run (key: the one this call is about to get)
         key = scope.peek(f"child.{name}")
         task = WorkflowTask(name, version, dict(input), checkpoint_id or f"child:{self.run_id}:{key}",
                             parent_run_id=self.run_id)
-        return task if definition is None else with_concurrency(definition, task)
+        if definition is None:
+            return task
+        bind_input(definition, dict(input))
+        return with_concurrency(definition, task)
 
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         key = scope.key(kind)

@@ -13,6 +13,7 @@ from runifold import (
     Client,
     EnqueueConflictError,
     InvalidInputError,
+    SerializationError,
     RunFailedError,
     RunStatus,
     Supervisor,
@@ -56,6 +57,8 @@ async def test_start_and_await_a_typed_result(store: Any) -> None:
         await client.start(stamping, {"n": 4}, checkpoint_id="s1")
     with pytest.raises(InvalidInputError, match="parameter 'n'"):
         await client.start(stamping, {"n": "three"})
+    with pytest.raises(SerializationError, match="not valid Unicode"):  # a value that cannot be recorded, as anywhere
+        await client.start(stamping, {"n": "\ud800"})
     supervisor = Supervisor(worker(store, *[registry.definition_for(n, v) for n, v in registry.versions()]), 2,
                             idle_wait=timedelta(seconds=0.05))
     running = asyncio.create_task(supervisor.run(handle_signals=False))

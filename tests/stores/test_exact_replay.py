@@ -22,6 +22,7 @@ from runifold import (
     Retried,
     RetryPolicy,
     RunStatus,
+    SerializationError,
     StepFailedError,
     StoreError,
     StoreUnavailableError,
@@ -232,10 +233,14 @@ async def test_a_value_that_cannot_round_trip_is_refused_at_the_call(store: Any,
         assert "NaN" in first.output
 
 
-def test_nan_in_a_task_input_is_refused() -> None:
-    """NaN or an infinity in an enqueued input is refused, never stored as null."""
-    with pytest.raises(Exception, match="NaN or an infinity"):
-        WorkflowTask("odd-values", 1, {"which": float("inf")})
+@pytest.mark.parametrize(("value", "message"), [(float("inf"), "NaN or an infinity"),
+                                                 ("a\ud800", "not valid Unicode")])
+def test_a_task_input_that_cannot_be_recorded_is_refused_with_serialization_error(value: Any, message: str) -> None:
+    """NaN or an infinity in an enqueued input is refused, never stored as null; invalid Unicode too. Both are
+    SerializationError, as everywhere a value is recorded (found by helper-15: a lone surrogate was an
+    InvalidInputError)."""
+    with pytest.raises(SerializationError, match=message):
+        WorkflowTask("odd-values", 1, {"which": value})
 
 
 @workflow("bad-result")
