@@ -122,6 +122,9 @@ def cutoff(text: str, now: float) -> float:
         if not age > 0:
             raise UsageError(f"--finished-before {text!r} is an age of zero, which would purge every finished run; "
                              "give a positive age (30d), or a date or time to purge what finished before it")
+        if age > now:
+            raise UsageError(f"--finished-before {text!r} reaches back before 1970, before any run finished; "
+                             f"give an age of at most {now // 86400:.0f}d")
         return now - age
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))

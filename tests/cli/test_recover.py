@@ -223,6 +223,10 @@ async def test_purge_deletes_runs_finished_before_a_time_in_batches(cli: Cli) ->
     for zero in ("0d", "0s", "0.0h"):  # an age of zero would purge every finished run: refused, nothing deleted
         refused = cli("purge", "--finished-before", zero)
         assert refused.returncode == 2 and "an age of zero" in refused.stderr, refused.stderr
+    for vast in ("99999999999d", "100000000d"):  # found by helper-15: it reached before 1970 and exited 0
+        refused = cli("purge", "--finished-before", vast)
+        assert refused.returncode == 2 and "reaches back before 1970" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1
     assert len(json.loads(cli("runs", "list", "--json").stdout)["runs"]) == 6
     purged = cli("purge", "--finished-before", "2999-01-01", "--batch", "2", "--json")
     assert json.loads(purged.stdout) == {"purged": 5, "finished_before": 32472144000.0}  # 2999-01-01, as stored
