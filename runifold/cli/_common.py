@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import importlib
+import json
 import math
 import os
 import sys
@@ -88,9 +89,21 @@ def parse_json(text: str, what: str) -> Any:
     try:
         return msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
+        if _lone_surrogate(text):
+            raise UsageError(f"{what} holds a \\u escape of a lone surrogate (half of a UTF-16 pair), which is not "
+                             "valid Unicode; write the character itself, or both halves of its pair") from exc
         raise UsageError(f"{what} is not valid JSON ({exc}); quote it for the shell, e.g. '{{\"order_id\": \"o1\"}}'") from exc
     except RecursionError:
         raise UsageError(f"{what} is nested too deeply; pass flatter JSON") from None
+
+
+def _lone_surrogate(text: str) -> bool:
+    """Whether ``text`` is JSON but for a lone surrogate escape (msgspec refuses those; the stdlib reads them)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def operator() -> str:

@@ -22,6 +22,8 @@ def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
     assert unknown.returncode == 1 and "no workflow 'nope' version 1" in unknown.stderr
     bad = cli("enqueue", "steps", "1", "--input", "{n: 1}")
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
+    surrogate = cli("enqueue", "steps", "1", "--input", '{"n": "\\ud800"}')  # found by helper-15: "truncated"
+    assert surrogate.returncode == 2 and "lone surrogate" in surrogate.stderr and "truncated" not in surrogate.stderr
     missing = cli("enqueue", "steps", "1", "--input", "{}")
     assert missing.returncode == 1 and "missing ['n']" in missing.stderr
 
