@@ -33,7 +33,7 @@ import msgspec
 from runifold.history import to_plain
 
 from runifold._log import get_logger
-from runifold.errors import ConfigurationError, SignalRejectedError
+from runifold.errors import ConfigurationError, SerializationError, SignalRejectedError
 
 log = get_logger("runifold.signals")
 
@@ -61,11 +61,30 @@ def payload_hash(payload: Any) -> str:
 
 
 def canonical_bytes(envelope: SignalEnvelope) -> bytes:
-    """The exact bytes the signature covers."""
-    return msgspec.json.encode([
-        SCHEME, envelope.key_id, envelope.sender, envelope.target, envelope.name, envelope.signal_id,
-        repr(float(envelope.timestamp)), envelope.reason, payload_hash(envelope.payload),
-    ])
+    """The exact bytes the signature covers.
+
+    Raises:
+        SerializationError: a field or the payload holds a string that is not valid Unicode.
+    """
+    fields = ("key_id", "sender", "target", "name", "signal_id", "reason")
+    try:
+        return msgspec.json.encode([
+            SCHEME, *(getattr(envelope, f) for f in fields), repr(float(envelope.timestamp)),
+            payload_hash(envelope.payload),
+        ])
+    except UnicodeEncodeError as exc:
+        field = next((f for f in fields if not _encodes(getattr(envelope, f))), "a field")
+        raise SerializationError(
+            f"the signal's {field} holds a string that is not valid Unicode ({exc.reason}); it cannot be signed "
+            "or stored: decode bytes with errors='replace'") from None
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        msgspec.json.encode(value)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class Authenticator(Protocol):

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from runifold import ConfigurationError, HmacKeyRing, SignalEnvelope, SignalRejectedError, sign
+from runifold import ConfigurationError, HmacKeyRing, SerializationError, SignalEnvelope, SignalRejectedError, sign
 from runifold.signals import SignalLimits
 
 ALICE = b"alice-secret-0123456789abcdef"
@@ -43,6 +43,13 @@ def test_a_signed_envelope_with_a_non_finite_timestamp_is_refused(timestamp: flo
         SignalLimits().check(signed)
     assert limited.value.verdict == "bad_timestamp"
     ring().verify(envelope(), 1_000.0)  # the same envelope with a finite timestamp is authentic
+
+
+@pytest.mark.parametrize("field", ["reason", "signal_id", "sender", "payload"])
+def test_signing_an_envelope_with_invalid_unicode_is_a_serialization_error_naming_the_field(field: str) -> None:
+    """Found by helper-15: a lone surrogate in the reason or the signal id raised a bare UnicodeEncodeError."""
+    with pytest.raises(SerializationError, match="payload" if field == "payload" else f"the signal's {field} "):
+        envelope(**{field: {"text": "a\ud800"} if field == "payload" else "a\ud800"})
 
 
 @pytest.mark.parametrize(("field", "value", "verdict"), [
