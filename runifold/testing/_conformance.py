@@ -385,7 +385,7 @@ class StoreConformance(ScheduleAndLimitConformance):
 
     async def test_text_no_store_can_keep_is_refused_at_the_call(self, store: Any) -> None:
         """Invalid Unicode anywhere, and NUL in an identifier, are refused before any store sees them."""
-        with pytest.raises(InvalidInputError):
+        with pytest.raises(SerializationError):
             WorkflowTask("wf", 1, {"x": "lone \ud800"})
         with pytest.raises(InvalidInputError):
             WorkflowTask("wf", 1, {}, checkpoint_id="nul\x00id")
