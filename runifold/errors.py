@@ -178,14 +178,15 @@ class SignalRejectedError(RunifoldError):
 
 
 class SignalConflictError(SignalRejectedError):
-    """A signal id already names a signal with a different name or payload for this run."""
+    """A signal id already names another signal for this run (another name, payload, sender or reason)."""
 
     def __init__(self, run_id: str, signal_id: str) -> None:
         self.run_id = run_id
         self.signal_id = signal_id
         super().__init__(
             "conflict",
-            f"signal id {signal_id!r} was already used for run {run_id} with a different name or payload; "
+            f"signal id {signal_id!r} was already used for run {run_id} with a different name, payload, sender "
+            "or reason; "
             "a signal id names one signal: use a new id for a new signal",
         )
 

@@ -55,7 +55,7 @@ class SignalGateway:
 
         Raises:
             SignalRejectedError: the signal was refused; ``verdict`` says why.
-            SignalConflictError: the signal id was used before with another name or payload.
+            SignalConflictError: the signal id was used before with another name, payload, sender or reason.
         """
         try:
             self.limits.check(envelope)

@@ -166,14 +166,17 @@ def purge_refusal(run_id: str, status: RunStatus) -> InvalidStateError | None:
 
 
 def signal_verdict(
-    existing: tuple[str, str] | None, name: str, payload_hash: str, unconsumed: int, max_unconsumed: int
+    existing: tuple[str, str, str, str] | None, name: str, payload_hash: str, sender: str, reason: str,
+    unconsumed: int, max_unconsumed: int,
 ) -> str:
     """``accepted``, ``duplicate``, ``rejected:conflict`` or ``rejected:inbox_full`` for a delivery.
 
-    ``existing`` is the (name, payload hash) already stored under the signal id, if any.
+    ``existing`` is the (name, payload hash, sender, reason) already stored under the signal id, if any: a
+    signal id names one signal, so only the same signal again (a resend) is a duplicate; the same id from
+    another sender, or with another name, payload or reason, is a conflict.
     """
     if existing is not None:
-        return "duplicate" if existing == (name, payload_hash) else "rejected:conflict"
+        return "duplicate" if existing == (name, payload_hash, sender, reason) else "rejected:conflict"
     if unconsumed >= max_unconsumed:
         return "rejected:inbox_full"
     return "accepted"

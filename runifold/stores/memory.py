@@ -382,9 +382,10 @@ class MemoryWorkflowStore:
             raise RunNotFoundError(delivery.run_id)
         now = self._clock()
         found = run.signals.get(delivery.signal_id)
-        existing = None if found is None else (found.inbox.name, found.payload_hash)
-        verdict = _rule.signal_verdict(existing, delivery.name, delivery.payload_hash, len(run.unconsumed()),
-                                       delivery.max_unconsumed)
+        existing = None if found is None else (found.inbox.name, found.payload_hash, found.inbox.sender,
+                                               found.inbox.reason)
+        verdict = _rule.signal_verdict(existing, delivery.name, delivery.payload_hash, delivery.sender,
+                                       delivery.reason, len(run.unconsumed()), delivery.max_unconsumed)
         detail = "run finished; kept unconsumed" if verdict == "accepted" and run.status.finished else ""
         self._audit.append(_audit(delivery, verdict, detail, now))
         if verdict == "rejected:conflict":

@@ -573,8 +573,9 @@ class SqliteWorkflowStore:
             now = self._clock()
             found = conn.execute(Q["signal_of"], (info.run_id, delivery.signal_id)).fetchone()
             unconsumed = 0 if found else conn.execute(Q["unconsumed_count"], (info.run_id,)).fetchone()[0]
-            verdict = _rule.signal_verdict(None if found is None else (found[0], found[1]), delivery.name,
-                                           delivery.payload_hash, unconsumed, delivery.max_unconsumed)
+            verdict = _rule.signal_verdict(None if found is None else (found[0], found[1], found[3], found[4]),
+                                           delivery.name, delivery.payload_hash, delivery.sender, delivery.reason,
+                                           unconsumed, delivery.max_unconsumed)
             detail = "run finished; kept unconsumed" if verdict == "accepted" and info.status.finished else ""
             _insert_audit(conn, AuditRecord(
                 info.run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender, delivery.key_id,

@@ -17,8 +17,9 @@ from runifold import (
     SignalRejectedError,
     WorkflowRegistry,
     WorkflowTask,
+    sign,
 )
-from tests.stores.test_waits import APPROVAL, envelope, keyring
+from tests.stores.test_waits import ALICE, APPROVAL, BOB, envelope, keyring
 from tests.support import worker
 
 
@@ -109,6 +110,19 @@ async def test_a_signal_id_reused_with_another_payload_is_a_conflict(store: Any)
     with pytest.raises(SignalConflictError):
         await gateway(store).send(envelope("o1", "s1", now, payload={"approved": False}))
     assert [a.verdict.split(":")[-1] for a in await store.audit("o1")][-1] == "conflict"
+    # found by helper-15: another sender (or another reason) under the id, with the same payload, was a
+    # "duplicate": accepted with the first sender's receipt, and never delivered
+    bobs = envelope("o1", "c1", now, name="comment", sender="bob", key_id="bob-1", secret=BOB)
+    alices = envelope("o1", "c1", now, name="comment")
+    assert not (await gateway(store).send(alices)).duplicate
+    with pytest.raises(SignalConflictError, match="sender or reason"):
+        await gateway(store).send(bobs)
+    with pytest.raises(SignalConflictError):
+        await gateway(store).send(sign(msgspec.structs.replace(alices, reason="changed my mind"), ALICE))
+    assert (await gateway(store).send(alices)).duplicate  # the very same signal again is a resend
+    verdicts = [(a.signal_id, a.sender, a.verdict.split(":")[-1]) for a in await store.audit("o1")][-4:]
+    assert verdicts == [("c1", "alice", "accepted"), ("c1", "bob", "conflict"), ("c1", "alice", "conflict"),
+                        ("c1", "alice", "duplicate")]
 
 
 async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) -> None:

@@ -412,8 +412,8 @@ BEGIN
 END
 $$;
 
--- Deliver a signal to exactly one run id: accepted, duplicate (same name and
--- payload hash), rejected:conflict (the id names another signal) or
+-- Deliver a signal to exactly one run id: accepted, duplicate (same name,
+-- payload hash, sender and reason), rejected:conflict (the id names another signal) or
 -- rejected:inbox_full; every attempt is audited. No row: the run does not exist.
 CREATE FUNCTION runifold_deliver(
     p_run text, p_ref text, p_signal text, p_name text, p_payload text, p_hash text, p_sender text, p_key text,
@@ -435,7 +435,8 @@ BEGIN
     END IF;
     SELECT * INTO v_sig FROM runifold_signals WHERE run_id = p_run AND signal_id = p_signal;
     IF FOUND THEN
-        v_verdict := CASE WHEN v_sig.name = p_name AND v_sig.payload_hash = p_hash THEN 'duplicate'
+        v_verdict := CASE WHEN v_sig.name = p_name AND v_sig.payload_hash = p_hash AND v_sig.sender = p_sender
+                               AND v_sig.reason = p_reason THEN 'duplicate'
                           ELSE 'rejected:conflict' END;
     ELSIF (SELECT count(*) FROM runifold_signals WHERE run_id = p_run AND NOT consumed) >= p_max THEN
         v_verdict := 'rejected:inbox_full';

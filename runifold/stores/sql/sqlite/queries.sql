@@ -102,7 +102,7 @@ DELETE FROM signal_audit WHERE run_id = ?
 DELETE FROM runs WHERE run_id = ?
 
 -- name: signal_of
-SELECT name, payload_hash, received_at FROM signals WHERE run_id = ? AND signal_id = ?
+SELECT name, payload_hash, received_at, sender, reason FROM signals WHERE run_id = ? AND signal_id = ?
 
 -- name: unconsumed_count
 SELECT count(*) FROM signals WHERE run_id = ? AND consumed = 0
