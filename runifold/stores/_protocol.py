@@ -126,8 +126,23 @@ class WorkflowTask:
                                       parent_run_id=self.parent_run_id))
 
     def input_json(self) -> bytes:
-        """Return the input as canonical JSON, used to compare re-enqueued tasks."""
-        return msgspec.json.encode(to_plain(dict(self.input), what="the task input"), order="sorted")
+        """Return the input as canonical JSON, used to compare re-enqueued tasks.
+
+        Inputs compare as JSON values: key order does not matter, and a float with an integral value is
+        the same number as that int (``1.0`` and ``1``, ``-0.0`` and ``0``: JSON has one kind of number).
+        """
+        return msgspec.json.encode(_one_number(to_plain(dict(self.input), what="the task input")), order="sorted")
+
+
+def _one_number(value: Any) -> Any:
+    """``value`` (JSON builtins) with every integral float written as the int it equals."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: _one_number(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_one_number(v) for v in value]
+    return value
 
 
 class EventRow(msgspec.Struct, frozen=True):

@@ -81,6 +81,14 @@ class StoreConformance(ScheduleAndLimitConformance):
         again = await store.enqueue(WorkflowTask("wf", 1, {"x": 1}, checkpoint_id="c1"))
         assert first.created and not again.created and first.run_id == again.run_id
         assert len(await store.list_runs()) == 1
+        # inputs compare as JSON values: key order aside, 1.0 is the number 1 (and -0.0 is 0)
+        same = await store.enqueue(WorkflowTask("wf", 1, {"f": 1, "x": [0, 2.5]}, checkpoint_id="c2"))
+        for spelled in ({"x": [-0.0, 2.5], "f": 1.0}, {"f": 1.0, "x": [0.0, 2.5]}):
+            assert (await store.enqueue(WorkflowTask("wf", 1, spelled, checkpoint_id="c2"))).run_id == same.run_id
+        history = await store.history("c2")
+        assert decode_event(history[0].body).input == {"f": 1, "x": [0, 2.5]}  # type: ignore[union-attr]
+        with pytest.raises(EnqueueConflictError):  # a different number is a different task
+            await store.enqueue(WorkflowTask("wf", 1, {"f": 1.5, "x": [0, 2.5]}, checkpoint_id="c2"))
 
     async def test_enqueue_conflict_keeps_the_original(self, store: Any) -> None:
         """A different task under a used checkpoint id is refused and changes nothing."""
