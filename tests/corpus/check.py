@@ -3,6 +3,8 @@
 1. Its history replays cleanly against the code that wrote it (no divergence, to the end).
 2. The replay returns what the live run returned: equal values of the same types, all the way down.
 3. No step body ran while the run was suspended (checked by :class:`Watched` in this process).
+
+And one of its history: a completed run has no effect left without an outcome (in doubt or ambiguous).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import msgspec
 
 from runifold import Completed, Failed, Idle, RunStatus, Suspended, WorkflowRegistry
+from runifold.history import fold
 from runifold.stores import Continue
 from runifold.worker._debug import replay
 from tests.support import entries, send_signal, worker
@@ -44,6 +47,9 @@ async def replay_problems(store: Any, registry: WorkflowRegistry, ref: str, live
     definition = registry.definition_for(info.name, info.version)
     report = await replay(definition, info.run_id, await entries(store, info.run_id))
     problems = []
+    pending = fold(await entries(store, info.run_id)).pending_effects
+    if info.status is RunStatus.COMPLETED and pending:
+        problems.append(f"{ref} ({info.name}): completed with effects that have no outcome: {pending}")
     if report.divergence is not None:
         problems.append(f"{ref} ({info.name}): replay diverges: {report.divergence}")
     elif not report.finished:

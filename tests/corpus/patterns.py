@@ -123,6 +123,13 @@ async def send(key: str, run: str, what: str) -> dict[str, str]:
     return {"idempotency_key_suffix": key.rsplit(":", 1)[-1], "what": what}
 
 
+@effect(resume=ResumePolicy.REPEAT, retry=RetryPolicy(max_attempts=20, initial=timedelta(0)))
+async def slow_send(key: str, run: str, what: str, seconds: float) -> str:
+    seen(run, what)
+    await asyncio.sleep(seconds)
+    return f"{what} sent"
+
+
 class Parcel(msgspec.Struct, frozen=True):
     sku: str
     weight: float
@@ -424,9 +431,33 @@ async def cancelled_calls(ctx: WorkflowContext, n: int) -> list[Any]:
     return out
 
 
+@workflow("abandoned-effects")
+async def abandoned_effects(ctx: WorkflowContext, n: int) -> list[Any]:
+    """Effects the code stops waiting for while their bodies run: the sibling a failing TaskGroup member
+    cancels, and one that loses a race to a durable timer. Each runs on to its outcome (an interruption in
+    flight leaves it in doubt, and REPEAT sends it again: with attempts enough that interruptions never park
+    it) before the run may finish. Both are abandoned within milliseconds and run on for 200 ms, so an
+    interrupted execution often stops while nothing waits for them any more."""
+    out: list[Any] = []
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(slow_send(ctx.run_id, "tg-sibling", 0.2))
+            tg.create_task(broken(ctx.run_id, "tg-broken"))
+    except* StepFailedError as group:
+        out.append([type(e).__name__ for e in group.exceptions])
+    racer = asyncio.ensure_future(slow_send(ctx.run_id, "race", 0.2))
+    timer = asyncio.ensure_future(ctx.sleep(timedelta(milliseconds=5)))
+    done, _ = await asyncio.wait({racer, timer}, return_when=asyncio.FIRST_COMPLETED)
+    racer.cancel()
+    out.append("timer won" if timer in done else "effect won")
+    await ctx.wait_signal("go")
+    out.append(await note(ctx.run_id, "end"))
+    return out
+
+
 WORKFLOWS = [try_finally, async_with, gather_values, return_exceptions, task_group, first_completed, as_completed,
              nested_gather, real_time_siblings, retry_and_timer, values, typed, effects_and_timeouts,
-             cancelled_calls]
+             cancelled_calls, abandoned_effects]
 SIGNALS = ("go",)
 registry = WorkflowRegistry(*(WorkflowDefinition(fn, Budget(max_cost_units=100), signals={"go": {"*"}})
                               for fn in WORKFLOWS))
