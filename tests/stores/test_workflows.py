@@ -26,6 +26,7 @@ from runifold import (
     Retried,
     RetryPolicy,
     RunStatus,
+    SerializationError,
     StepFailedError,
     Suspended,
     UnknownWorkflowError,
@@ -480,7 +481,7 @@ async def test_enqueue_validation(store: Any) -> None:
         registry.validate(WorkflowTask("nope", 1, {}))
     with pytest.raises(InvalidInputError, match="missing \\['order_id'\\]"):
         registry.validate(WorkflowTask("retrying", 1, {}))
-    with pytest.raises(InvalidInputError):
+    with pytest.raises(SerializationError, match="the task input cannot be recorded"):  # as any unrecordable value
         WorkflowTask("retrying", 1, {"order_id": object()})
     assert await store.list_runs() == []
 
