@@ -200,10 +200,11 @@ class LiveProgress:
                     assert_never(unreachable)
             if self._failure is not None:
                 return
-        out_of_time = self._out_of_time(now, at=True)
+        out_of_time = None if settling else self._out_of_time(now, at=True)
         if out_of_time is not None and not self._parked():
             # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time (a
-            # run with an ambiguous effect waits for its operator instead: failing it would strand the effect)
+            # run with an ambiguous effect waits for its operator instead: failing it would strand the effect;
+            # a run whose code has finished waits for nothing but its effects)
             for call in self._open:
                 if call.kind in (CallKind.TIMER, CallKind.SIGNAL) and not call.future.done():
                     self._fail(out_of_time, call.key)

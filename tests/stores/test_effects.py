@@ -287,3 +287,31 @@ async def test_an_abandoned_effect_whose_outcome_is_unknown_is_repeated_then_par
     assert types.count("effect_unknown") == 2 and types[-1] == "effect_ambiguous" and "run_completed" not in types
     info = await store.get_run("e1")
     assert info.status is RunStatus.PARKED and "1/hangs_repeat#1 is ambiguous" in info.reason
+
+
+@effect(resume=ResumePolicy.REPEAT)
+async def slow_notice(key: str) -> str:
+    calls["notice"] += 1
+    await asyncio.sleep(0.4)
+    return "sent"
+
+
+@workflow("leaves-work-behind")
+async def leaves_work_behind(ctx: WorkflowContext) -> str:
+    asyncio.ensure_future(slow_notice())  # an effect nobody awaits
+    asyncio.ensure_future(ctx.sleep(timedelta(hours=1)))  # and a timer nobody awaits
+    await ctx.sleep(timedelta(milliseconds=50))  # meanwhile the effect starts
+    return "done"
+
+
+async def test_a_finished_workflow_waits_for_its_effect_not_its_budget_or_abandoned_timers(store: Any) -> None:
+    """The workflow returns while an effect it never awaited runs and a timer it never awaited is open, and its
+    elapsed budget runs out meanwhile: the run completes once the effect has its outcome (the timer and the
+    budget concern workflow code, which has finished)."""
+    definition = WorkflowDefinition(leaves_work_behind, Budget(max_elapsed=timedelta(seconds=0.1)))
+    await store.enqueue(WorkflowTask("leaves-work-behind", 1, {}, checkpoint_id="e1"))
+    outcome = await worker(store, definition).run_once()
+    assert isinstance(outcome, Completed) and outcome.output == "done", outcome
+    assert calls["notice"] == 1
+    types = await event_types(store, "e1")
+    assert types.index("effect_completed") < types.index("run_completed")
