@@ -101,7 +101,7 @@ class EnqueueConflictError(RunifoldError):
         self.run_id = run_id
         super().__init__(
             f"checkpoint id {checkpoint_id!r} already names run {run_id} with a different "
-            "name, version or input; use a new checkpoint id for a new run"
+            "name, version, input or parent; use a new checkpoint id for a new run"
         )
 
 

@@ -21,7 +21,8 @@ from runifold.cli._common import (
     when,
 )
 from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
-from runifold.stores import RunInfo, RunStatus
+from runifold.errors import RunNotFoundError
+from runifold.stores import RunInfo, RunStatus, WorkflowStore
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
@@ -122,12 +123,23 @@ async def _run_and_children(
         info = await store.get_run(run_ref)
         rows = await store.history(info.run_id)
         entries = [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
-        found = {key: await store.get_run(child) for key, child in fold(entries).children.items()} if children else {}
+        found = await child_runs(store, fold(entries)) if children else {}
         running = (await store.count_runs(status=RunStatus.RUNNING, concurrency_key=info.concurrency_key)
                    if children and info.concurrency_key is not None else 0)
     finally:
         await store.close()
     return info, entries, found, running
+
+
+async def child_runs(store: WorkflowStore, checkpoint: Checkpoint) -> dict[str, RunInfo]:
+    """A run's child runs by the key of the call that started each; a child purged since is left out."""
+    found = {}
+    for key, run_id in checkpoint.children.items():
+        try:
+            found[key] = await store.get_run(run_id)
+        except RunNotFoundError:
+            pass  # purged: it finished, and purge deleted it (the parent's history still names it)
+    return found
 
 
 def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | EffectFailed | None]:

@@ -70,7 +70,8 @@ class WorkflowTask:
         input: keyword arguments for the workflow function (JSON-compatible).
         checkpoint_id: the caller's durable identity of the run. Enqueueing the
             same id again returns the existing run (same task) or raises
-            :class:`EnqueueConflictError` (different task).
+            :class:`EnqueueConflictError` (different task: another name, version,
+            input or parent).
         parent_run_id: the run whose child this run is (set by ``ctx.start_child``):
             when this run finishes, its last event goes to the parent's inbox.
         concurrency_key: runs sharing a key share its limit: a claim takes a run
@@ -504,11 +505,6 @@ class WorkflowStore(Protocol):
     async def close(self) -> None:
         """Release connections."""
         ...
-
-
-def same_task(task: WorkflowTask, name: str, version: int, input_json: bytes) -> bool:
-    """Tell whether a stored run was created from ``task``."""
-    return task.name == name and task.version == version and task.input_json() == input_json
 
 
 #: every run id starts with this; no checkpoint id may

@@ -195,16 +195,18 @@ def signal_wakes(status: RunStatus, wait_signals: Collection[str], name: str) ->
 
 
 def enqueue_verdict(
-    existing: tuple[str, str, int, str] | None, run_id: str, name: str, version: int, input_json: str
+    existing: tuple[str, str, int, str, str | None] | None, run_id: str, name: str, version: int, input_json: str,
+    parent_run_id: str | None,
 ) -> str:
     """``created``, ``retried`` (our own earlier attempt), ``existing`` or ``conflict``.
 
-    ``existing`` is the (run id, name, version, input) of the run already under
-    the task's checkpoint id or its run id, if any.
+    ``existing`` is the (run id, name, version, input, parent run id) of the run already under the task's
+    checkpoint id or its run id, if any. The same task is the same workflow, version and input (compared as
+    :meth:`WorkflowTask.input_json`) with the same parent: a checkpoint id never names another parent's child.
     """
     if existing is None:
         return "created"
-    same = existing[1:] == (name, version, input_json)
+    same = existing[1:] == (name, version, input_json, parent_run_id)
     if not same:
         return "conflict"
     return "retried" if existing[0] == run_id else "existing"

@@ -161,8 +161,8 @@ class MemoryWorkflowStore:
                 other_id = by_checkpoint.get(task.checkpoint_id) or self._by_checkpoint.get(task.checkpoint_id)
                 if other_id is not None:
                     other = staged[other_id][0] if other_id in staged else self._runs[other_id]
-                    existing = (other.run_id, other.name, other.version, other.input_json)
-            verdict = _rule.enqueue_verdict(existing, run_id, task.name, task.version, input_json)
+                    existing = (other.run_id, other.name, other.version, other.input_json, other.parent_run_id)
+            verdict = _rule.enqueue_verdict(existing, run_id, task.name, task.version, input_json, task.parent_run_id)
             if existing is not None and verdict == "conflict":
                 raise EnqueueConflictError(task.checkpoint_id or "", existing[0])
             if existing is not None and verdict == "existing":

@@ -374,7 +374,8 @@ class SqliteWorkflowStore:
                 existing = None
                 if task.checkpoint_id is not None:
                     existing = conn.execute(TASK_OF["checkpoint_id"], (task.checkpoint_id,)).fetchone()
-                verdict = _rule.enqueue_verdict(existing, run_id, task.name, task.version, input_json)
+                verdict = _rule.enqueue_verdict(existing, run_id, task.name, task.version, input_json,
+                                                task.parent_run_id)
                 if existing is not None and verdict == "conflict":
                     raise EnqueueConflictError(task.checkpoint_id or "", existing[0])
                 if existing is not None and verdict == "existing":

@@ -89,6 +89,15 @@ class StoreConformance(ScheduleAndLimitConformance):
         assert decode_event(history[0].body).input == {"f": 1, "x": [0, 2.5]}  # type: ignore[union-attr]
         with pytest.raises(EnqueueConflictError):  # a different number is a different task
             await store.enqueue(WorkflowTask("wf", 1, {"f": 1.5, "x": [0, 2.5]}, checkpoint_id="c2"))
+        # so is another parent's child: a checkpoint id never names the child of two parents
+        parent = (await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="p1"))).run_id
+        other = (await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="p2"))).run_id
+        child = await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="k1", parent_run_id=parent))
+        again = await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="k1", parent_run_id=parent))
+        assert again.run_id == child.run_id and not again.created
+        for stranger in (other, None):
+            with pytest.raises(EnqueueConflictError):
+                await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="k1", parent_run_id=stranger))
 
     async def test_enqueue_conflict_keeps_the_original(self, store: Any) -> None:
         """A different task under a used checkpoint id is refused and changes nothing."""

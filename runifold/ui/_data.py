@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._runs import _report_json, budget_json, finished_at, show_json
+from runifold.cli._runs import _report_json, budget_json, child_runs, finished_at, show_json
 from runifold.errors import RunifoldError, RunNotFoundError
 from runifold.history import Entry, decode_event, fold
 from runifold.stores import AuditRecord, RunInfo, RunStatus, StoredEvent, WorkflowStore
@@ -112,7 +112,7 @@ async def run_page(store: WorkflowStore, registry: WorkflowRegistry | None, ref:
     rows = await store.history(info.run_id)
     entries = _entries(info, rows)
     checkpoint = fold(entries)
-    children = {key: await store.get_run(child) for key, child in checkpoint.children.items()}
+    children = await child_runs(store, checkpoint)
     page = show_json(info, entries, checkpoint, children)
     page.update(budget=budget_json(registry, info), effects=effect_evidence(entries, checkpoint.pending_effects),
                 parent=checkpoint.parent_run_id, timeline=timeline(entries), now=await store.now())

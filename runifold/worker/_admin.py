@@ -10,7 +10,7 @@ from typing import Any
 
 from runifold._log import get_logger
 
-from runifold.errors import InvalidStateError
+from runifold.errors import InvalidStateError, RunNotFoundError
 from runifold.history import (
     Ambiguous,
     Entry,
@@ -111,7 +111,11 @@ async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str
                                    f"cancelled by {by}: {reason}")
     log.info("run_cancelled", run_ref=run_ref, by=by)
     for child in fold(await _history(store, info.run_id)).children.values():
-        if not (await store.get_run(child)).status.finished:
+        try:
+            finished = (await store.get_run(child)).status.finished
+        except RunNotFoundError:
+            continue  # purged, so finished
+        if not finished:
             await cancel_run(store, child, by=by, reason=f"parent {info.run_id} was cancelled: {reason}")
     return result
 

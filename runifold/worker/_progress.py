@@ -422,9 +422,12 @@ class LiveProgress:
         if isinstance(exc, StoreError):
             self._abort(exc)  # the store's trouble, never the workflow's: this execution stops, nothing recorded
         elif exc is not None:
+            # e.g. EnqueueConflictError: a checkpoint id (the workflow's own choice) that names another task or
+            # another parent's child. Nothing records a refused start, so a replay could not hand the error back
+            # to workflow code: it fails the run instead, saying why, at the call
             if call in self._open:
                 self._open.remove(call)
-            self._resolve(call, error=exc)  # e.g. EnqueueConflictError: the workflow's own checkpoint id
+            self._fail(exc if isinstance(exc, RunifoldError) else RunifoldError(describe(exc)), call.key)
         else:
             assert result is not None and task.checkpoint_id is not None
             started = ChildStarted(key=call.key, run_id=result.run_id, name=task.name, version=task.version,

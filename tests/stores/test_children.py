@@ -23,7 +23,8 @@ from runifold import (
     step,
     workflow,
 )
-from runifold.history import ChildStarted, RunStarted, SignalReceived, fold
+from runifold.history import ChildStarted, RunFailed, RunStarted, SignalReceived, fold
+from runifold.cli._runs import child_runs
 from tests.support import entries, send_signal, worker
 
 calls: Counter[str] = Counter()
@@ -79,6 +80,19 @@ async def waits_on_a_child(ctx: WorkflowContext) -> str:
     return await ctx.run_child(approved_billing, {"order_id": "x"})
 
 
+@workflow("outlives-its-child")
+async def outlives_its_child(ctx: WorkflowContext) -> str:
+    invoice = await ctx.run_child(billing, {"order_id": "p1", "amount": 3})
+    await ctx.wait_signal("go")
+    return invoice.order_id
+
+
+@workflow("shares-a-child")
+async def shares_a_child(ctx: WorkflowContext, n: int) -> str:
+    invoice = await ctx.run_child(billing, {"order_id": "shared", "amount": 1}, checkpoint_id="shared-child")
+    return invoice.order_id
+
+
 @workflow("limited-parent")
 async def limited_parent(ctx: WorkflowContext) -> str:
     return await ctx.run_child(approved_billing, {"order_id": "y"})
@@ -86,7 +100,9 @@ async def limited_parent(ctx: WorkflowContext) -> str:
 
 registry = WorkflowRegistry(WorkflowDefinition(billing), WorkflowDefinition(orders), WorkflowDefinition(limited_parent),
                             WorkflowDefinition(approved_billing, signals={"approve": {"*"}}),
-                            WorkflowDefinition(waits_on_a_child))
+                            WorkflowDefinition(waits_on_a_child),
+                            WorkflowDefinition(outlives_its_child, signals={"go": {"*"}}),
+                            WorkflowDefinition(shares_a_child))
 
 
 async def run_until(store: Any, ref: str, status: RunStatus, timeout: float = 30) -> Any:
@@ -178,3 +194,40 @@ async def test_a_child_run_gets_its_definitions_concurrency_limit(store: Any) ->
     (child,) = fold(await entries(store, "p5")).children.values()
     info = await store.get_run(child)
     assert (info.concurrency_key, info.concurrency_limit) == ("billing-desk", 1)
+
+
+async def test_a_parent_whose_finished_child_was_purged_can_still_be_shown_and_cancelled(store: Any) -> None:
+    """Found by helper-16: after purge deleted a finished child, runs show and cancel of its unfinished parent
+    failed with "no run" naming the child, and cancel had already written run_cancelled."""
+    await store.enqueue(WorkflowTask("outlives-its-child", 1, {}, checkpoint_id="p1"))
+    supervisor = Supervisor(worker(store, *[registry.definition_for(n, v) for n, v in registry.versions()]), 4,
+                            idle_wait=timedelta(seconds=0.02))
+    running = asyncio.create_task(supervisor.run(handle_signals=False))
+    try:
+        async with asyncio.timeout(30):
+            while "signal 'go'" not in (await store.get_run("p1")).reason:  # the child is done, the parent waits
+                await asyncio.sleep(0.02)
+    finally:
+        supervisor.stop()
+        await running
+    [child] = fold(await entries(store, "p1")).children.values()
+    assert (await store.get_run(child)).status is RunStatus.COMPLETED
+    assert await store.purge_finished(await store.now() + 1) == 1
+    checkpoint = fold(await entries(store, "p1"))
+    assert checkpoint.children and await child_runs(store, checkpoint) == {}
+    await cancel_run(store, "p1", by="ops", reason="no longer needed")
+    assert (await store.get_run("p1")).status is RunStatus.CANCELLED
+
+
+async def test_a_checkpoint_id_names_the_child_of_one_parent_only(store: Any) -> None:
+    """Found by helper-16: a second parent calling start_child with the first's checkpoint id adopted its child,
+    then waited forever (the child tells only its own parent). The second parent fails, saying why, at the call
+    (nothing records a refused start, so workflow code could not be handed the error the same way on replay)."""
+    await store.enqueue(WorkflowTask("shares-a-child", 1, {"n": 1}, checkpoint_id="a"))
+    await run_until(store, "a", RunStatus.COMPLETED)
+    await store.enqueue(WorkflowTask("shares-a-child", 1, {"n": 2}, checkpoint_id="b"))
+    await run_until(store, "b", RunStatus.FAILED)
+    assert fold(await entries(store, "a")).result == "shared"
+    failed = (await entries(store, "b"))[-1].event
+    assert isinstance(failed, RunFailed) and failed.key == "child.billing#1"
+    assert failed.error_type == "runifold.errors.EnqueueConflictError" and "shared-child" in failed.reason

@@ -140,7 +140,7 @@ $$;
 -- Enqueue any number of tasks in one transaction. The caller chooses the run
 -- ids, so a retried call finds the runs its first attempt created (created =
 -- true) instead of creating them twice. A checkpoint id that names another task
--- raises SQLSTATE RF001 (DETAIL: the existing run id, HINT: the checkpoint id)
+-- (another name, version, input or parent) raises SQLSTATE RF001 (DETAIL: the existing run id, HINT: the checkpoint id)
 -- and nothing is enqueued.
 CREATE FUNCTION runifold_enqueue(
     p_run_ids text[], p_checkpoint_ids text[], p_names text[], p_versions integer[], p_inputs text[],
@@ -172,7 +172,7 @@ BEGIN
                 SELECT * INTO v_existing FROM runifold_runs WHERE run_id = p_run_ids[i];
             END IF;
             IF v_existing.name <> p_names[i] OR v_existing.version <> p_versions[i]
-               OR v_existing.input_json <> p_inputs[i] THEN
+               OR v_existing.input_json <> p_inputs[i] OR v_existing.parent_run_id IS DISTINCT FROM p_parents[i] THEN
                 RAISE EXCEPTION 'checkpoint id names another task' USING ERRCODE = 'RF001',
                     DETAIL = v_existing.run_id, HINT = coalesce(p_checkpoint_ids[i], '');
             END IF;

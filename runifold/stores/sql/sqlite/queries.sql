@@ -19,7 +19,7 @@ SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_own
 FROM runs WHERE {ref} = ?
 
 -- name: task_of
-SELECT run_id, name, version, input_json FROM runs WHERE {ref} = ?
+SELECT run_id, name, version, input_json, parent_run_id FROM runs WHERE {ref} = ?
 
 -- name: insert_run
 INSERT INTO runs (run_id, checkpoint_id, name, version, input_json, status, revision, due_at, created_at, updated_at,
