@@ -314,6 +314,12 @@ class LiveProgress:
                 if call.attempt >= spec.retry.max_attempts:
                     self._park(call, f"outcome unknown after {call.attempt} attempt(s) with policy REPEAT")
                     return
+                limit = self.definition.budget.max_effect_attempts
+                if limit is not None and self.usage.effect_attempts + 1 > limit:
+                    # unknown, so not failed: an operator decides, as when the retry budget is spent
+                    self._park(call, f"outcome unknown after {call.attempt} attempt(s), and the run's effect-attempt "
+                                     f"budget ({limit}) is spent")
+                    return
                 call.in_doubt, call.attempt = False, call.attempt + 1
                 self._start_effect(call)
             case ResumePolicy.MANUAL:

@@ -315,3 +315,31 @@ async def test_a_finished_workflow_waits_for_its_effect_not_its_budget_or_abando
     assert calls["notice"] == 1
     types = await event_types(store, "e1")
     assert types.index("effect_completed") < types.index("run_completed")
+
+
+@effect(resume=ResumePolicy.REPEAT)
+async def blocks(key: str) -> str:
+    calls["blocks"] += 1
+    await asyncio.sleep(30)
+    return "never"
+
+
+@workflow("blocked-payment")
+async def blocked_payment(ctx: WorkflowContext) -> str:
+    return await blocks()
+
+
+async def test_a_repeat_after_a_crash_with_the_effect_attempt_budget_spent_is_parked_not_failed(store: Any) -> None:
+    """Found by helper-16: an attempt left in doubt by a stopped worker, with REPEAT and no effect attempts left
+    in the run's budget, failed the run with the effect still in doubt. Its outcome is unknown: it is parked."""
+    definition = WorkflowDefinition(blocked_payment, Budget(max_effect_attempts=1))
+    await store.enqueue(WorkflowTask("blocked-payment", 1, {}, checkpoint_id="b1"))
+    running = asyncio.ensure_future(worker(store, definition).run_once())
+    while calls["blocks"] == 0:
+        await asyncio.sleep(0.01)
+    running.cancel()  # the worker stops mid-attempt and hands the run back: the attempt's outcome is unknown
+    await asyncio.gather(running, return_exceptions=True)
+    outcome = await worker(store, definition).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert "effect-attempt budget (1) is spent" in outcome.detail and calls["blocks"] == 1
+    assert (await store.get_run("b1")).status is RunStatus.PARKED
