@@ -92,3 +92,26 @@ async def test_the_environment_step_by_step_with_an_operator_and_a_concurrency_k
         assert isinstance(await env.run_once(), Idle)
         assert await env.skip_time() is False and await env.skip_time(by=timedelta(days=1)) is True
         await env.assert_replays()
+
+
+async def test_skipping_exactly_a_sleeps_length_fires_its_timer() -> None:
+    """Found by helper-16: the worker added real elapsed time to the fake clock, so a one-day sleep was due a
+    fraction of a millisecond after a skip of exactly one day. Time moves only when the clock does."""
+    from datetime import timedelta
+
+    from runifold import WorkflowContext, WorkflowDefinition, workflow
+
+    @workflow("nap")
+    async def nap(ctx: WorkflowContext) -> str:
+        started = ctx.now()
+        await ctx.sleep(timedelta(days=1))
+        return str(ctx.now() - started)
+
+    async with WorkflowEnvironment(WorkflowDefinition(nap)) as env:
+        run = await env.start(nap, {})
+        await env.run_until_idle()  # runs what is due, skipping no time
+        assert (await env.store.get_run(run.run_id)).status is RunStatus.WAITING
+        assert await env.skip_time(by=timedelta(days=1)) is True
+        await env.run_until_idle()
+        assert (await env.store.get_run(run.run_id)).status is RunStatus.COMPLETED
+        assert await env.result(run) == "1 day, 0:00:00"

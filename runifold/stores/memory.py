@@ -123,6 +123,13 @@ class MemoryWorkflowStore:
     async def now(self) -> float:
         return self._clock()
 
+    @property
+    def local_clock(self) -> Callable[[], float]:
+        """The store's clock, readable in this process: a worker on this store reads it directly (so time
+        moves only when the clock does, as a test's fake clock), where on other stores it counts the time
+        elapsed since the claim's reading of the store's clock."""
+        return self._clock
+
     async def migrate(self) -> int:
         return 0  # nothing persistent to migrate
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from runifold.dsl._definition import EffectSpec, StepSpec
@@ -83,6 +84,8 @@ class Live:
     claimed_at: float  # the worker's monotonic clock when the claim came back
     store_now: float  # the store's clock at the claim
     recoveries: int
+    #: the store's clock when this process can read it directly (the memory store), else None
+    local_clock: Callable[[], float] | None = None
     renewed_at: float = 0.0  # the worker's monotonic clock at the lease's last renewal (or claim)
 
     def __post_init__(self) -> None:

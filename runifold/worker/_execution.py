@@ -188,16 +188,21 @@ class Execution(LiveProgress, Replaying):
         worker_id: str, lease_seconds: float, renew_every: float, registry: WorkflowRegistry | None = None,
     ) -> Execution:
         """An execution of a claimed run."""
-        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries)
+        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries,
+                  getattr(store, "local_clock", None))
         return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id, registry)
 
     # -- what WorkflowContext and the decorators call (the Driver protocol) ---------------
 
     def store_time(self) -> float:
-        """The store's clock: the claim's reading plus the time elapsed here since (monotonic)."""
-        if self._live is None:
+        """The store's clock: read directly when this process can, else the claim's reading plus the time
+        elapsed here since (monotonic)."""
+        live = self._live
+        if live is None:
             return time.time()
-        return self._live.store_now + (time.monotonic() - self._live.claimed_at)
+        if live.local_clock is not None:
+            return live.local_clock()
+        return live.store_now + (time.monotonic() - live.claimed_at)
 
     def call_step(self, spec: StepSpec, scope: Scope, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Awaitable[Any]:
         return self._awaited(self._register(scope.key(spec.id), CallKind.STEP, spec.returns.get(), spec=spec,
