@@ -124,7 +124,7 @@ async def _run_and_children(
         rows = await store.history(info.run_id)
         entries = [Entry(e.seq, e.at, decode_event(e.body, where=f"{info.run_id}#{e.seq}")) for e in rows]
         found = await child_runs(store, fold(entries)) if children else {}
-        running = (await store.count_runs(status=RunStatus.RUNNING, concurrency_key=info.concurrency_key)
+        running = (await store.count_runs(concurrency_key=info.concurrency_key, holding_slot=True)
                    if children and info.concurrency_key is not None else 0)
     finally:
         await store.close()

@@ -432,9 +432,13 @@ class WorkflowStore(Protocol):
 
     async def count_runs(
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None,
+        concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        """Count runs (of a concurrency key too: how many of its runs are running, say)."""
+        """Count runs (of a concurrency key too: how many of its runs are running, say).
+
+        ``holding_slot`` counts only runs that hold a slot of their concurrency key: running under a
+        lease that has not expired on the store's clock (a run whose worker died holds none).
+        """
         ...
 
     async def history(self, run_ref: str) -> list[StoredEvent]:

@@ -374,10 +374,12 @@ class MemoryWorkflowStore:
 
     async def count_runs(
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None,
+        concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
+        now = self._clock()
         return sum(1 for r in self._matching(status, name, version)
-                   if concurrency_key is None or r.concurrency_key == concurrency_key)
+                   if (concurrency_key is None or r.concurrency_key == concurrency_key)
+                   and (not holding_slot or _rule.holds_slot(r.status, r.lease_until, now)))
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
         return list(self._find(run_ref).events)

@@ -476,10 +476,10 @@ class PostgresWorkflowStore:
 
     async def count_runs(
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None,
+        concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
         return int(await self._call(lambda conn: conn.fetchval(
-            Q["count_runs"], None if status is None else str(status), name, version, concurrency_key)))
+            Q["count_runs"], None if status is None else str(status), name, version, concurrency_key, holding_slot)))
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
         rows = await self._call(lambda conn: conn.fetch(HISTORY[ref_column(run_ref)], run_ref))

@@ -557,9 +557,10 @@ class SqliteWorkflowStore:
 
     async def count_runs(
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None,
+        concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        params = (None if status is None else str(status), name, version, concurrency_key)
+        params = (None if status is None else str(status), name, version, concurrency_key,
+                  self._clock() if holding_slot else None)
         return int((await self._read(lambda c: c.execute(Q["count_runs"], params).fetchone()))[0])
 
     async def history(self, run_ref: str) -> list[StoredEvent]:

@@ -536,6 +536,13 @@ class StoreConformance(ScheduleAndLimitConformance):
         assert await store.claim("w", ["keyed"], 30.0) is not None
         assert await store.count_runs(concurrency_key="k") == 3 and await store.count_runs(concurrency_key="z") == 0
         assert await store.count_runs(status=RunStatus.RUNNING, concurrency_key="k") == 1
+        assert await store.count_runs(concurrency_key="k", holding_slot=True) == 1
+        # a run whose lease expired (its worker died) is still running, but holds no slot
+        assert await store.claim("w", ["keyed"], 0.2) is not None
+        assert await store.count_runs(concurrency_key="k", holding_slot=True) == 2
+        await asyncio.sleep(0.35)
+        assert await store.count_runs(status=RunStatus.RUNNING, concurrency_key="k") == 2
+        assert await store.count_runs(concurrency_key="k", holding_slot=True) == 1
 
     async def test_purge_finished_deletes_old_finished_runs_in_batches(self, store: Any) -> None:
         """purge_finished deletes at most limit finished runs updated before the cutoff, and nothing unfinished."""

@@ -143,6 +143,7 @@ ORDER BY run_id DESC LIMIT $5
 SELECT count(*) FROM runifold_runs
 WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR name = $2) AND ($3::integer IS NULL OR version = $3)
   AND ($4::text IS NULL OR concurrency_key = $4)
+  AND (NOT $5::boolean OR (status = 'running' AND lease_until > runifold_now()))
 
 -- name: audit
 SELECT run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason, detail, at

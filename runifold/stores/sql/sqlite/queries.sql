@@ -138,7 +138,7 @@ ORDER BY run_id DESC LIMIT ?5
 
 -- name: count_runs
 SELECT count(*) FROM runs WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
-  AND (?4 IS NULL OR concurrency_key = ?4)
+  AND (?4 IS NULL OR concurrency_key = ?4) AND (?5 IS NULL OR (status = 'running' AND lease_until > ?5))
 
 -- name: parent_of
 SELECT parent_run_id FROM runs WHERE run_id = ?
