@@ -9,9 +9,11 @@ code sees the outcome) or in the buffer (recorded with the next commit). See
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import functools
 import inspect
+import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, assert_never
@@ -615,7 +617,35 @@ async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if _is_async(fn):
         return await fn(*args, **kwargs)
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    # in this context, as asyncio.to_thread runs it (log lines carry the run id and the key)
+    body = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(_BODY_THREADS, body)
+
+
+class _DaemonThreads(concurrent.futures.Executor):
+    """Runs each plain ``def`` body in a daemon thread of its own.
+
+    A thread cannot be interrupted: when a worker stops (its grace period over, or a second signal), it
+    releases the run and stops waiting for the body, and the process may exit without waiting for the
+    thread either, as it would have to for asyncio's default executor.
+    """
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # handed to the awaiting body, as a thread pool would
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="runifold-body", daemon=True).start()
+        return future
+
+
+_BODY_THREADS = _DaemonThreads()
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,18 @@ async def slow_wf(ctx: WorkflowContext, tag: str) -> str:
     return await slow(tag)
 
 
+@step()
+def slow_in_a_thread(tag: str) -> str:
+    (_dir() / f"started-{tag}-{os.getpid()}").touch()
+    time.sleep(float(os.environ.get("RUNIFOLD_TEST_SLOW", "0")))  # a plain def: nothing can interrupt it
+    return tag
+
+
+@workflow("slow-thread")
+async def slow_thread_wf(ctx: WorkflowContext, tag: str) -> str:
+    return await slow_in_a_thread(tag)
+
+
 @effect(resume=ResumePolicy.MANUAL)
 async def notify(key: str, n: int) -> str:
     marker = _dir() / "notify-called"
@@ -90,6 +103,7 @@ DEFINITIONS = [
     WorkflowDefinition(slow_wf),
     WorkflowDefinition(notifying),
     WorkflowDefinition(fragile_wf),
+    WorkflowDefinition(slow_thread_wf),
 ]
 registry = WorkflowRegistry(*DEFINITIONS)
 

@@ -200,6 +200,30 @@ async def test_a_second_interrupt_stops_the_worker_at_once(cli: Cli) -> None:
         await store.close()
 
 
+async def test_a_stopping_worker_does_not_wait_for_a_plain_def_step_past_its_grace(cli: Cli) -> None:
+    """Found by helper-16: a plain def step (a thread, which nothing can interrupt) kept the worker process alive
+    until it returned, past --grace and a second SIGTERM. The run is released and the process exits."""
+    assert cli("enqueue", "slow-thread", "1", "--input", '{"tag": "t"}', "--checkpoint-id", "s1").returncode == 0
+    proc = cli.spawn("worker", "--grace", "0.5", "--lease", "600", env={"RUNIFOLD_TEST_SLOW": "600"})
+    try:
+        deadline = time.monotonic() + 60
+        while not list(cli.tmp.glob("started-t-*")):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)  # not the body's 600 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "Released 1" in out
+    store = await open_store(cli.url)
+    try:
+        run = await store.get_run("s1")
+        assert run.status is RunStatus.READY and run.lease_owner is None
+    finally:
+        await store.close()
+
+
 def test_an_interrupt_outside_the_worker_exits_130(cli: Cli) -> None:
     """Ctrl-C while a command waits on something else (here the drill's workers) ends it with exit 130, no traceback."""
     proc = cli.spawn("drill")
