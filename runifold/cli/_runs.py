@@ -233,9 +233,12 @@ async def runs_show(args: argparse.Namespace) -> int:
     if info.recoveries:
         out.append(f"recoveries  {info.recoveries}{of(budget.max_recoveries) if budget else ''} (claims that took the "
                    "run over from an expired lease; each counts as a step)")
-    if budget is not None and budget.max_elapsed is not None and not info.status.finished:
-        out.append(f"elapsed     budget {budget.max_elapsed} from the start: runs out "
-                   f"{when(info.created_at + budget.max_elapsed.total_seconds())}")
+    if budget is not None and budget.max_elapsed is not None:
+        if info.status.finished:
+            out.append(f"elapsed     {duration(info.updated_at - info.created_at)} of budget {budget.max_elapsed}")
+        else:
+            out.append(f"elapsed     budget {budget.max_elapsed} from the start: runs out "
+                       f"{when(info.created_at + budget.max_elapsed.total_seconds())}")
     out.append("outputs")
     out += [f"  {printable(key):<28} {compact(value)}" for key, value in checkpoint.outputs.items()]
     out += [f"waiting     {wait.kind} {printable(wait.key)} {printable(wait.signal or '')} until {when(wait.until)}"

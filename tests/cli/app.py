@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from runifold import (
+    Budget,
     EffectOutcomeUnknown,
     ResumePolicy,
     RetryPolicy,
@@ -97,6 +99,11 @@ async def fragile_wf(ctx: WorkflowContext, n: int) -> int:
     return await fragile(n)
 
 
+@workflow("timeboxed")
+async def timeboxed(ctx: WorkflowContext, n: int) -> int:
+    return n
+
+
 DEFINITIONS = [
     WorkflowDefinition(steps),
     WorkflowDefinition(gated, signals={"approval": {"alice"}}),
@@ -104,6 +111,7 @@ DEFINITIONS = [
     WorkflowDefinition(notifying),
     WorkflowDefinition(fragile_wf),
     WorkflowDefinition(slow_thread_wf),
+    WorkflowDefinition(timeboxed, Budget(max_elapsed=timedelta(hours=1))),
 ]
 registry = WorkflowRegistry(*DEFINITIONS)
 

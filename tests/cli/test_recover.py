@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from runifold import Budget, RunStatus, WorkflowTask, open_store
-from runifold.history import RunFailed, StepFailed
+from runifold.history import RunCompleted, RunFailed, StepFailed
 from runifold.stores import EventRow, Finish, Reschedule, Suspend, Transition
 from tests.cli.conftest import Cli, key_file, run_worker_until
 
@@ -50,6 +50,18 @@ async def test_runs_show_json_gives_the_budget_of_the_loaded_app(cli: Cli) -> No
                                "max_cost_units": budget.max_cost_units, "max_elapsed": None}
     without = json.loads(cli("runs", "show", "b1", "--json", env={"RUNIFOLD_APP": ""}).stdout)
     assert "budget" not in without and without["run"]["status"] == "failed"
+
+
+async def test_runs_show_gives_the_elapsed_budget_before_and_after_the_run_finishes(cli: Cli) -> None:
+    """With --app: while a run is unfinished, when its elapsed budget runs out; once it finished, how long it took
+    against the budget (found by helper-16: a finished run showed nothing)."""
+    assert cli("migrate").returncode == 0
+    await drive(cli.url, "t1", [RunCompleted(output=1)], Finish(RunStatus.COMPLETED), name="timeboxed")
+    assert cli("enqueue", "timeboxed", "1", "--input", '{"n": 1}', "--checkpoint-id", "t0").returncode == 0
+    open_run = cli("runs", "show", "t0").stdout.splitlines()
+    assert any(line.startswith("elapsed     budget 1:00:00 from the start: runs out 20") for line in open_run), open_run
+    done = cli("runs", "show", "t1").stdout.splitlines()
+    assert any(line.startswith("elapsed     ") and line.endswith(" of budget 1:00:00") for line in done), done
 
 
 async def test_a_failed_run_shows_its_error_type_and_traceback(cli: Cli) -> None:
