@@ -152,7 +152,9 @@ class NondeterminismError(RunifoldError):
         super().__init__(
             f"workflow code diverges from its history at key {key!r}: history recorded "
             f"{recorded}, code called {called}{'; ' + detail if detail else ''}. Restore the "
-            "previous code for running workflows or register the change as a new version"
+            "previous code for running workflows or register the change as a new version; if the code did "
+            "not change, it is not deterministic: use ctx.now(), ctx.uuid() and ctx.random() instead of the "
+            "clock and the random and uuid modules, and iterate in a fixed order"
         )
 
 

@@ -13,6 +13,7 @@ get the same keys on every replay however their I/O interleaves.
 from __future__ import annotations
 
 import contextvars
+import math
 import random
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Mapping
@@ -155,8 +156,12 @@ class WorkflowContext:
         """Charge ``units`` of cost to the run's budget (counted once, never on replay).
 
         Raises:
+            ConfigurationError: ``units`` is not a finite number >= 0 (usage only grows).
             BudgetExceededError: (failing the run) when the budget's cost units run out.
         """
+        if isinstance(units, bool) or not isinstance(units, (int, float)) or not math.isfinite(units) or units < 0:
+            raise ConfigurationError(f"ctx.charge takes a finite number of cost units >= 0 (usage only grows), "
+                                     f"got {units!r}")
         b = _binding()
         b.driver.charge(b.scope, float(units))
 
@@ -209,6 +214,8 @@ class WorkflowContext:
             SerializationError: the input holds a value that cannot be recorded.
             EnqueueConflictError: ``checkpoint_id`` names another run.
         """
+        if input is not None and not isinstance(input, Mapping):
+            raise ConfigurationError(f"start_child takes the child's input as a dict of its parameters, got {input!r}")
         b = _binding()
         run_id, child_checkpoint = await b.driver.start_child(b.scope, workflow, dict(input or {}), version,
                                                               checkpoint_id)

@@ -53,6 +53,21 @@ def _check_id(value: str, what: str) -> str:
     return value
 
 
+def _check_options(what: str, retry: Any, timeout: Any) -> None:
+    """The options every durable call takes: a RetryPolicy and a positive timedelta, refused clearly otherwise."""
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ConfigurationError(f"{what} retry= takes a RetryPolicy (e.g. RetryPolicy(max_attempts=5)), got {retry!r}")
+    if timeout is not None and not isinstance(timeout, timedelta):
+        raise ConfigurationError(f"{what} timeout= takes a timedelta (e.g. timedelta(seconds=30)), got {timeout!r}")
+    if timeout is not None and timeout <= timedelta(0):
+        raise ConfigurationError(f"{what} timeout must be positive, got {timeout}")
+
+
+def _no_bare_use(fn: Any, what: str, example: str) -> None:
+    if fn is not None:
+        raise ConfigurationError(f"@{what} is used with parentheses: write {example} above the function")
+
+
 def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """Declare an ``async def`` as workflow ``name`` at ``version``.
 
@@ -60,6 +75,9 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[
     keyword-compatible parameters. It is returned unchanged, with its spec
     attached; hand it to a :class:`WorkflowDefinition` to register it.
     """
+    if callable(name):
+        raise ConfigurationError('@workflow takes the workflow\'s name: write @workflow("order-intake", version=1) '
+                                 "above the function")
     _check_id(name, "workflow")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ConfigurationError(f"workflow version must be an integer >= 1, got {version!r}")
@@ -86,7 +104,7 @@ class StepDecorator(Protocol):
 
 
 def step(
-    *, id: str | None = None, retry: RetryPolicy | None = None, requires: str | None = None,
+    fn: None = None, /, *, id: str | None = None, retry: RetryPolicy | None = None, requires: str | None = None,
     timeout: timedelta | None = None,
 ) -> StepDecorator:
     """Declare a durable step: its result is recorded and never recomputed on replay.
@@ -104,8 +122,8 @@ def step(
             ``TimeoutError`` and is retried by ``retry`` (a plain ``def`` body's thread
             cannot be stopped: it finishes in the background and its result is dropped).
     """
-    if timeout is not None and timeout <= timedelta(0):
-        raise ConfigurationError(f"step timeout must be positive, got {timeout}")
+    _no_bare_use(fn, "step", "@step() (or @step(retry=RetryPolicy(...)))")
+    _check_options("step", retry, timeout)
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         _check_callable(fn, "step")
@@ -127,6 +145,8 @@ def step(
 
 
 def effect(
+    fn: None = None,
+    /,
     *,
     id: str | None = None,
     resume: ResumePolicy = ResumePolicy.RECONCILE,
@@ -144,6 +164,7 @@ def effect(
     outcome *unknown* and goes through ``resume``; any other exception is a
     definite failure and goes through ``retry``.
     """
+    _no_bare_use(fn, "effect", "@effect(resume=ResumePolicy.REPEAT) (or another resume policy)")
     if not isinstance(resume, ResumePolicy):
         raise ConfigurationError(f"resume must be a ResumePolicy, got {resume!r}")
     if resume is ResumePolicy.RECONCILE and reconcile is None:
@@ -153,8 +174,7 @@ def effect(
         )
     if reconcile is not None:
         _check_async(reconcile, "effect reconcile")
-    if timeout is not None and timeout <= timedelta(0):
-        raise ConfigurationError(f"effect timeout must be positive, got {timeout}")
+    _check_options("effect", retry, timeout)
 
     def decorate(fn: Callable[Concatenate[str, P], Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         _check_async(fn, "effect")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
 import random
 import re
 import typing
@@ -52,6 +53,16 @@ class RetryPolicy:
     jitter: float = 0.2
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool):
+            raise ConfigurationError(f"RetryPolicy.max_attempts takes an int, got {self.max_attempts!r}")
+        for name in ("initial", "maximum"):
+            if not isinstance(getattr(self, name), timedelta):
+                raise ConfigurationError(f"RetryPolicy.{name} takes a timedelta (e.g. timedelta(seconds=2)), "
+                                         f"got {getattr(self, name)!r}")
+        for name in ("factor", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigurationError(f"RetryPolicy.{name} takes a finite number, got {value!r}")
         if self.max_attempts < 1:
             raise ConfigurationError(f"RetryPolicy.max_attempts must be at least 1, got {self.max_attempts}")
         if self.initial < timedelta(0) or self.maximum < timedelta(0) or self.factor < 1:

@@ -126,9 +126,12 @@ class WorkflowEnvironment:
                 handle = run if isinstance(run, RunHandle) else await self.client.get_handle(run)
                 return await handle.result()
             if info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or not await self.skip_time():
+                what = {RunStatus.PARKED: "resolve its effect with resolve_effect(env.store, env.registry, ...) first",
+                        RunStatus.DIVERGED: "its code no longer matches its history"}.get(
+                    info.status, "send what it waits for with env.signal(...) first")
                 raise AssertionError(
                     f"run {info.run_id} is {info.status} and nothing in this environment will change that "
-                    f"({info.reason}): send its signal with env.signal(...), or resolve its effect, first"
+                    f"({info.reason}): {what}"
                 )
         raise AssertionError(f"run {_id(run)} did not finish after {_MAX_ROUNDS:,} rounds: does it loop forever?")
 

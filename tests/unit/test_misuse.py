@@ -1,0 +1,100 @@
+"""What a new user gets wrong is refused with a runifold error that says what to write (found by helper-17)."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from runifold import (
+    ConfigurationError,
+    NondeterminismError,
+    ResumePolicy,
+    RetryPolicy,
+    RunFailedError,
+    WorkflowContext,
+    WorkflowDefinition,
+    effect,
+    step,
+    workflow,
+)
+from runifold.testing import WorkflowEnvironment
+
+
+async def body(n: int) -> int:
+    return n
+
+
+async def effect_body(key: str) -> str:
+    return key
+
+
+def test_a_step_option_of_the_wrong_type_is_refused_where_it_is_written() -> None:
+    """@step(retry=3) was accepted and then crashed the worker at the first failure, again at every claim."""
+    with pytest.raises(ConfigurationError, match=r"retry= takes a RetryPolicy \(e.g. RetryPolicy\(max_attempts=5\)\)"):
+        step(retry=3)(body)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"timeout= takes a timedelta"):
+        step(timeout=5)(body)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"effect timeout= takes a timedelta"):
+        effect(resume=ResumePolicy.REPEAT, timeout=5)(effect_body)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"RetryPolicy.initial takes a timedelta"):
+        RetryPolicy(initial=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"RetryPolicy.max_attempts takes an int"):
+        RetryPolicy(max_attempts="3")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match=r"RetryPolicy.factor takes a finite number"):
+        RetryPolicy(factor=math.inf)
+
+
+def test_a_decorator_used_without_its_parentheses_says_how_to_write_it() -> None:
+    with pytest.raises(ConfigurationError, match=r"write @step\(\)"):
+        step(body)  # type: ignore[call-overload]
+    with pytest.raises(ConfigurationError, match=r"write @effect\(resume=ResumePolicy.REPEAT\)"):
+        effect(effect_body)  # type: ignore[call-overload]
+    with pytest.raises(ConfigurationError, match=r'write @workflow\("order-intake", version=1\)'):
+        workflow(body)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("units", [-5, math.nan, math.inf])
+async def test_charging_a_negative_or_non_finite_cost_fails_the_run_saying_so(units: float) -> None:
+    """ctx.charge(-5) lowered the run's usage (which only grows), and NaN failed it with advice about None."""
+
+    @workflow("charges")
+    async def charges(ctx: WorkflowContext) -> float:
+        ctx.charge(10)
+        ctx.charge(units)
+        return 0.0
+
+    async with WorkflowEnvironment(WorkflowDefinition(charges)) as env:
+        run = await env.start(charges, {})
+        with pytest.raises(RunFailedError, match=r"ctx.charge takes a finite number of cost units >= 0"):
+            await env.result(run)
+        await env.assert_replays()
+
+
+async def test_a_child_input_that_is_not_a_dict_is_refused_saying_so() -> None:
+    @workflow("child")
+    async def child(ctx: WorkflowContext, n: int) -> int:
+        return n
+
+    @workflow("parent")
+    async def parent(ctx: WorkflowContext) -> Any:
+        return await ctx.run_child(child, 5)  # type: ignore[arg-type]
+
+    async with WorkflowEnvironment(WorkflowDefinition(parent), WorkflowDefinition(child)) as env:
+        run = await env.start(parent, {})
+        with pytest.raises(RunFailedError, match=r"start_child takes the child's input as a dict"):
+            await env.result(run)
+
+
+def test_a_divergence_names_non_deterministic_code_as_a_cause() -> None:
+    """Code that reads the clock or random numbers diverges from its own history; the error says what to use."""
+    message = str(NondeterminismError("a#1", "timer call sleep#1", "step call a#1"))
+    assert "register the change as a new version" in message
+    assert "if the code did not change, it is not deterministic: use ctx.now(), ctx.uuid() and ctx.random()" in message
+
+
+def test_a_step_timeout_must_still_be_positive() -> None:
+    with pytest.raises(ConfigurationError, match="step timeout must be positive"):
+        step(timeout=timedelta(0))(body)
