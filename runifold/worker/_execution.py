@@ -357,6 +357,11 @@ class Execution(LiveProgress, Replaying):
                 await self._halt_bodies()
                 await self._release(live)
                 raise
+            except Exception:
+                # escaped the driver (a bug, or a value it could not handle): stop as a crash would, the lease
+                # left to expire (see Supervisor), and no body of this run outliving run_once()
+                await self._halt_bodies()
+                raise
         finally:
             structlog.contextvars.reset_contextvars(**bound)
             self._teardown()

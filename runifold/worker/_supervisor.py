@@ -161,21 +161,17 @@ class Supervisor:
             await self._pause(every)
 
     async def _survive(self, index: int, claim: Claim | None, exc: Exception) -> None:
-        """Log and count an exception that ended a slot's turn, and hand back the run it held."""
+        """Log and count an exception that ended a slot's turn."""
         expected = isinstance(exc, RunifoldError)
         self._count("Error" if expected else "UnexpectedError")
         run = {} if claim is None else {"run_id": claim.run_id, "checkpoint_id": claim.checkpoint_id}
         self.log.error("slot_error" if expected else "slot_unexpected_error", slot=index, **run,
                        error=f"{type(exc).__name__}: {exc}", exc_info=exc)
-        # a runifold error (the store unreachable, a lease lost) is the execution's to handle, and it decided
-        # what becomes of the lease (left to expire when a commit's outcome is unknown; releasing it would
-        # also wait on the unreachable store); anything else escaped the execution, so the run is handed
-        # back here, claimable at once
-        if claim is not None and not expected:
-            try:  # a run whose lease is gone (committed, fenced off) is left as the store has it
-                await self.worker.store.release(claim.lease)
-            except Exception as release_exc:  # noqa: BLE001 - the lease then expires on its own
-                self.log.warning("release_failed", slot=index, run_id=claim.run_id, error=str(release_exc))
+        # invariant: the run it held is not handed back. A runifold error (the store unreachable, a lease lost)
+        # is the execution's to handle, and it decided what becomes of the lease. Anything else escaped the
+        # execution, like a crash: the lease expires and the next claim takes the run over as a recovery,
+        # counted against the run's budget, so a run that fails this way every time ends with its budget
+        # instead of being claimed again at once and running its bodies again, uncounted, without end
 
     def _count(self, name: str) -> None:
         self.outcomes[name] = self.outcomes.get(name, 0) + 1

@@ -9,7 +9,19 @@ from typing import Any
 
 import pytest
 
-from runifold import Failed, RunStatus, StoreUnavailableError, Supervisor, WorkflowContext, WorkflowDefinition, WorkflowTask, step, workflow
+from runifold import (
+    Budget,
+    Failed,
+    RetryPolicy,
+    RunStatus,
+    StoreUnavailableError,
+    Supervisor,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowTask,
+    step,
+    workflow,
+)
 from runifold.stores.memory import MemoryWorkflowStore
 from tests.support import worker
 
@@ -74,12 +86,15 @@ class _BuggyCommit:
 
 
 async def test_a_slot_survives_an_exception_that_is_not_a_runifold_error(caplog: pytest.LogCaptureFixture) -> None:
-    """A run whose execution raises a non-runifold exception is logged with its traceback, counted and handed back
-    at once; the slot goes on, and both runs complete."""
+    """A run whose execution raises a non-runifold exception is logged with its traceback and counted; the slot
+    goes on. The run is not handed back: as after a crash its lease expires and a claim takes it over as a
+    recovery, counted against its budget (handed back at once, a run failing this way every time was claimed
+    again and again, its bodies run again uncounted: found by helper-17). Both runs complete."""
     store = MemoryWorkflowStore()
     first = await store.enqueue(WorkflowTask("good", 1, {"n": 1}, checkpoint_id="first"))
     await store.enqueue(WorkflowTask("good", 1, {"n": 2}, checkpoint_id="second"))
-    supervisor = Supervisor(worker(_BuggyCommit(store), WorkflowDefinition(good)), 1, idle_wait=timedelta(seconds=0.05))
+    supervisor = Supervisor(worker(_BuggyCommit(store), WorkflowDefinition(good), lease=0.6), 1,
+                            idle_wait=timedelta(seconds=0.05))
     with caplog.at_level(logging.ERROR, logger="runifold"):
         # one slot: the runs complete only if the slot outlived the exception
         running = asyncio.create_task(supervisor.run(handle_signals=False))
@@ -90,6 +105,7 @@ async def test_a_slot_survives_an_exception_that_is_not_a_runifold_error(caplog:
             supervisor.stop()
             await asyncio.wait_for(running, 10)
     assert supervisor.outcomes.get("UnexpectedError") == 1 and supervisor.outcomes.get("Completed") == 2
+    assert (await store.get_run("first")).recoveries == 1 and (await store.get_run("second")).recoveries == 0
     record = next(r for r in caplog.records if getattr(r, "event", "") == "slot_unexpected_error")
     assert record.levelno == logging.ERROR and record.run_id == first.run_id  # type: ignore[attr-defined]
     assert record.exc_info is not None and record.exc_info[0] is RuntimeError
@@ -148,3 +164,36 @@ async def test_stop_now_cancels_in_flight_runs_and_releases_them() -> None:
     await asyncio.wait_for(running, 10)
     run = await store.get_run("e1")
     assert run.status is RunStatus.READY and run.lease_owner is None
+
+
+bodies: list[str] = []
+
+
+@step(retry=RetryPolicy(max_attempts=2))
+async def trips_the_engine() -> None:
+    bodies.append("ran")
+    raise ValueError("the body fails, and the engine trips over its retry policy")
+
+
+# an engine bug, made on purpose: the step's policy is no RetryPolicy (the decorator refuses that; this bypasses it)
+object.__setattr__(getattr(trips_the_engine, "__runifold_step__"), "retry", 3)
+
+
+@workflow("trips")
+async def trips(ctx: WorkflowContext) -> None:
+    await trips_the_engine()
+
+
+async def test_a_run_that_trips_the_engine_every_time_ends_with_its_recovery_budget() -> None:
+    """Found by helper-17: an exception escaping the driver handed the run back, to be claimed again at once,
+    its body run again each time and counted nowhere, without end. Now each is a crash: the lease expires, the
+    takeover is a recovery, and the recovery budget ends the run."""
+    bodies.clear()
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("trips", 1, {}, checkpoint_id="t1"))
+    definition = WorkflowDefinition(trips, Budget(max_recoveries=2))
+    supervisor = Supervisor(worker(store, definition, lease=0.3), 1, idle_wait=timedelta(seconds=0.05))
+    await supervise_until(supervisor, store, "t1", RunStatus.FAILED)
+    info = await store.get_run("t1")
+    assert "recoveries" in info.reason and info.recoveries == 3, info
+    assert supervisor.outcomes.get("UnexpectedError") == 3 and len(bodies) == 3
