@@ -115,3 +115,22 @@ async def test_skipping_exactly_a_sleeps_length_fires_its_timer() -> None:
         await env.run_until_idle()
         assert (await env.store.get_run(run.run_id)).status is RunStatus.COMPLETED
         assert await env.result(run) == "1 day, 0:00:00"
+
+
+async def test_a_child_the_environment_cannot_run_is_named() -> None:
+    """Found by helper-17: a child workflow missing from the environment's registry made result() run 100,000
+    rounds and ask whether the workflow loops forever. It names the child and says what to add."""
+    from runifold import WorkflowContext, WorkflowDefinition, workflow
+
+    @workflow("helper-child")
+    async def helper_child(ctx: WorkflowContext) -> int:
+        return 1
+
+    @workflow("needs-a-child")
+    async def needs_a_child(ctx: WorkflowContext) -> int:
+        return await ctx.run_child(helper_child, {})
+
+    async with WorkflowEnvironment(WorkflowDefinition(needs_a_child)) as env:
+        run = await env.start(needs_a_child, {})
+        with pytest.raises(AssertionError, match=r"'helper-child' v1\) is due, but this environment has no definition"):
+            await env.result(run)

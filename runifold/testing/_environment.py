@@ -104,6 +104,7 @@ class WorkflowEnvironment:
         """Drive runs, skipping timers, until ``run`` waits for a signal, is parked or diverged, or has finished."""
         for _ in range(_MAX_ROUNDS):
             await self.run_until_idle()
+            await self._check_runnable()
             info = await self.store.get_run(_id(run))
             if info.status not in (RunStatus.READY, RunStatus.WAITING) or await self._waits_for_signal(info):
                 return info
@@ -121,6 +122,7 @@ class WorkflowEnvironment:
         """
         for _ in range(_MAX_ROUNDS):
             await self.run_until_idle()
+            await self._check_runnable()
             info = await self.store.get_run(_id(run))
             if info.status.finished:
                 handle = run if isinstance(run, RunHandle) else await self.client.get_handle(run)
@@ -161,6 +163,16 @@ class WorkflowEnvironment:
                     problems.append(f"{info.checkpoint_id or info.run_id}: {report.divergence}")
         if problems:
             raise AssertionError("runs that do not replay against their code:\n" + "\n".join(problems))
+
+    async def _check_runnable(self) -> None:
+        """Raise AssertionError for a due run this environment has no definition of (a child's, say): nothing
+        would ever run it, and whatever waits for it would wait for ever."""
+        for info in await self.store.list_runs(status=RunStatus.READY, limit=1_000_000):
+            if self.registry.get(info.name, info.version) is None:
+                raise AssertionError(
+                    f"run {info.run_id} ({info.name!r} v{info.version}) is due, but this environment has no "
+                    "definition of it, so nothing runs it: add its WorkflowDefinition to the environment's "
+                    "registry (a child workflow's too)")
 
     async def _unfinished(self) -> list[RunInfo]:
         return [r for s in _UNFINISHED for r in await self.store.list_runs(status=s, limit=1_000_000)]
