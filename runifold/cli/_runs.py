@@ -20,6 +20,7 @@ from runifold.cli._common import (
     table_lines,
     when,
 )
+from runifold.dsl import Budget
 from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
 from runifold.errors import RunNotFoundError
 from runifold.stores import RunInfo, RunStatus, WorkflowStore
@@ -157,12 +158,16 @@ def _reason(info: RunInfo) -> str:
     return "" if info.status is RunStatus.RUNNING else info.reason
 
 
-def budget_json(registry: WorkflowRegistry | None, info: RunInfo) -> dict[str, Any] | None:
+def budget_of(registry: WorkflowRegistry | None, info: RunInfo) -> Budget | None:
     """The run's budget from the loaded ``--app`` (None without one, or when its version is not registered)."""
     definition = registry.get(info.name, info.version) if registry is not None else None
-    if definition is None:
+    return None if definition is None else definition.budget
+
+
+def budget_json(budget: Budget | None) -> dict[str, Any] | None:
+    """A budget as ``runs show --json`` and the web view's ``api/run`` give it."""
+    if budget is None:
         return None
-    budget = definition.budget
     return {"max_steps": budget.max_steps, "max_effect_attempts": budget.max_effect_attempts,
             "max_retries": budget.max_retries, "max_recoveries": budget.max_recoveries,
             "max_cost_units": budget.max_cost_units,
@@ -189,15 +194,12 @@ def _indented(text: str, indent: str) -> list[str]:
 async def runs_show(args: argparse.Namespace) -> int:
     info, entries, children, running = await _run_and_children(args, args.run)
     checkpoint = fold(entries)
-    budget = None
-    if args.app:
-        definition = registry_of(args).get(info.name, info.version)
-        budget = definition.budget if definition else None
+    budget = budget_of(registry_of(args), info) if args.app else None
     failed, call = _failure(entries)
     if args.json:
         shown = show_json(info, entries, checkpoint, children)
         if args.app:
-            shown["budget"] = budget_json(registry_of(args), info)
+            shown["budget"] = budget_json(budget)
         emit_json(shown)
         return 0
     out = [f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})",

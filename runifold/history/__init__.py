@@ -24,6 +24,7 @@ from runifold.history._calls import (
 from runifold.history._checkpoint import Checkpoint, Phase, Usage, Wait, fold
 from runifold.history._codec import (
     accept,
+    canonical_json,
     convert,
     decode_event,
     encode_event,
@@ -73,7 +74,7 @@ __all__ = [
     "RunFailed", "RunRetried", "RunStarted", "SignalReceived", "SignalTimedOut", "SignalWaitStarted",
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
-    "WaitReceived", "WaitState", "WaitTimedOut", "convert", "decode_event",
+    "WaitReceived", "WaitState", "WaitTimedOut", "canonical_json", "convert", "decode_event",
     "effect_state", "encode_event", "encode_value", "fold", "kind_of", "record", "step_state",
     "timer_state", "to_plain", "type_tag", "wait_state",
 ]

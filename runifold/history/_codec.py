@@ -108,6 +108,28 @@ def to_plain(value: Any, *, what: str) -> Any:
     return _any_decoder.decode(encode_value(value, what=what))
 
 
+def canonical_json(value: Any, *, what: str, one_number: bool = False) -> bytes:
+    """``value`` as canonical JSON, to compare or hash: its builtins with object keys sorted.
+
+    ``one_number`` writes every integral float as the int it equals (``1.0`` as ``1``, ``-0.0`` as
+    ``0``), so values equal as JSON numbers compare equal. Raises ``SerializationError`` as
+    :func:`to_plain` does.
+    """
+    plain = to_plain(value, what=what)
+    return msgspec.json.encode(_one_number(plain) if one_number else plain, order="sorted")
+
+
+def _one_number(value: Any) -> Any:
+    """``value`` (JSON builtins) with every integral float written as the int it equals."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {k: _one_number(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_one_number(v) for v in value]
+    return value
+
+
 @functools.lru_cache(maxsize=1024)
 def _pydantic_adapter(type_: Any) -> Any:
     """A pydantic ``TypeAdapter`` for annotations that involve a pydantic model, else None."""

@@ -30,7 +30,7 @@ from typing import Any, Protocol, final
 
 import msgspec
 
-from runifold.history import to_plain
+from runifold.history import canonical_json
 
 from runifold._log import get_logger
 from runifold.errors import ConfigurationError, SerializationError, SignalRejectedError
@@ -56,8 +56,7 @@ class SignalEnvelope(msgspec.Struct, frozen=True, kw_only=True):
 
 def payload_hash(payload: Any) -> str:
     """Return ``sha256:<hex>`` of the payload's canonical JSON (sorted keys; models as their JSON data)."""
-    plain = to_plain(payload, what="the signal's payload")
-    return "sha256:" + hashlib.sha256(msgspec.json.encode(plain, order="sorted")).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_json(payload, what="the signal's payload")).hexdigest()
 
 
 def canonical_bytes(envelope: SignalEnvelope) -> bytes:

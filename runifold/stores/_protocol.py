@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, final
 import msgspec
 
 from runifold.errors import InvalidInputError, SerializationError
-from runifold.history import RunStarted, encode_event, encode_value, to_plain, type_tag
+from runifold.history import RunStarted, canonical_json, encode_event, encode_value, to_plain, type_tag
 
 if TYPE_CHECKING:
     from runifold.stores._schedule import Schedule, ScheduleInfo
@@ -132,18 +132,7 @@ class WorkflowTask:
         Inputs compare as JSON values: key order does not matter, and a float with an integral value is
         the same number as that int (``1.0`` and ``1``, ``-0.0`` and ``0``: JSON has one kind of number).
         """
-        return msgspec.json.encode(_one_number(to_plain(dict(self.input), what="the task input")), order="sorted")
-
-
-def _one_number(value: Any) -> Any:
-    """``value`` (JSON builtins) with every integral float written as the int it equals."""
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    if isinstance(value, dict):
-        return {k: _one_number(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_one_number(v) for v in value]
-    return value
+        return canonical_json(dict(self.input), what="the task input", one_number=True)
 
 
 class EventRow(msgspec.Struct, frozen=True):

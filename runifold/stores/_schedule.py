@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import msgspec
 
 from runifold.errors import InvalidInputError
-from runifold.history import to_plain
+from runifold.history import canonical_json
 from runifold.stores._protocol import WorkflowTask, check_text
 
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
@@ -168,7 +168,7 @@ class Schedule:
     def definition(self) -> tuple[Any, ...]:
         """What makes two schedules of one name the same: re-adding an identical one changes nothing."""
         return (self.workflow, self.version,
-                msgspec.json.encode(to_plain(dict(self.input), what="the schedule's input"), order="sorted").decode(),
+                canonical_json(dict(self.input), what="the schedule's input").decode(),
                 self.cron, None if self.every is None else int(self.every.total_seconds()), self.timezone,
                 self.catchup.total_seconds())
 

@@ -467,7 +467,7 @@ class Execution(LiveProgress, Replaying):
                 if not unsettled:
                     return await self._finish_root(root)
                 return await self._suspend(unsettled)
-            return await self._suspend([c for c in self._open if not c.future.done() or self._runs_on(c)])
+            return await self._suspend([c for c in self._open if self._pending(c)])
 
     # -- handing outcomes to workflow code ----------------------------------------------------
 
@@ -629,8 +629,8 @@ class Execution(LiveProgress, Replaying):
     # -- waiting, renewal, teardown ----------------------------------------------------------------
 
     def _next_due(self) -> float | None:
-        dues = [c.due for c in self._open if c.due is not None and not c.busy and c.parked is None
-                and (not c.future.done() or self._runs_on(c))]
+        dues = [c.due for c in self._open
+                if c.due is not None and not c.busy and c.parked is None and self._pending(c)]
         return min(dues) if dues else None
 
     def _wake_up(self) -> None:

@@ -159,6 +159,10 @@ class LiveProgress:
         return call.kind is CallKind.EFFECT and (call.busy or call.attempt > 1 or call.in_doubt
                                                  or call.parked is not None or self.replayer.is_recorded(call.key))
 
+    def _pending(self, call: Call) -> bool:
+        """The call still has to progress: workflow code waits for it, or it runs on (see :meth:`_runs_on`)."""
+        return not call.future.done() or self._runs_on(call)
+
     def _unsettled(self) -> list[Call]:
         """Open calls that workflow code no longer waits for but that run on (see :meth:`_runs_on`)."""
         return [c for c in self._open if c.future.done() and self._runs_on(c)]
@@ -172,7 +176,7 @@ class LiveProgress:
         """
         now = self.store_time()
         for call in list(self._open):
-            if call.future.done() and not self._runs_on(call):
+            if not self._pending(call):
                 self._open.remove(call)  # nobody waits for it any more
                 continue
             if settling and not self._runs_on(call):
@@ -267,11 +271,17 @@ class LiveProgress:
         if kind is CallKind.STEP and budget.max_steps is not None and self.usage.steps + 1 > budget.max_steps:
             self._fail(BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps), key)
             return False
-        limit = budget.max_effect_attempts
-        if kind is CallKind.EFFECT and limit is not None and self.usage.effect_attempts + 1 > limit:
+        if kind is CallKind.EFFECT and self._effect_attempts_spent():
+            limit = budget.max_effect_attempts
+            assert limit is not None
             self._fail(BudgetExceededError("effect attempts", self.usage.effect_attempts + 1, limit), key)
             return False
         return True
+
+    def _effect_attempts_spent(self) -> bool:
+        """The run's budget allows no more effect attempts."""
+        limit = self.definition.budget.max_effect_attempts
+        return limit is not None and self.usage.effect_attempts + 1 > limit
 
     def _check_recoveries(self) -> None:
         assert self._live is not None
@@ -316,11 +326,10 @@ class LiveProgress:
                 if call.attempt >= spec.retry.max_attempts:
                     self._park(call, f"outcome unknown after {call.attempt} attempt(s) with policy REPEAT")
                     return
-                limit = self.definition.budget.max_effect_attempts
-                if limit is not None and self.usage.effect_attempts + 1 > limit:
+                if self._effect_attempts_spent():
                     # unknown, so not failed: an operator decides, as when the retry budget is spent
                     self._park(call, f"outcome unknown after {call.attempt} attempt(s), and the run's effect-attempt "
-                                     f"budget ({limit}) is spent")
+                                     f"budget ({self.definition.budget.max_effect_attempts}) is spent")
                     return
                 call.in_doubt, call.attempt = False, call.attempt + 1
                 self._start_effect(call)

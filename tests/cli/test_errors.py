@@ -173,15 +173,30 @@ def test_debug_adds_the_traceback(cli: Cli) -> None:
     assert result.stderr.splitlines()[-1].startswith("runifold: no run with id")
 
 
+def wait_until_started(cli: Cli, proc: subprocess.Popen[str]) -> None:
+    """Wait (at most 60 s) until the worker process has started the body of run tag ``t``."""
+    deadline = time.monotonic() + 60
+    while not list(cli.tmp.glob("started-t-*")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+
+
+async def assert_released(cli: Cli, ref: str) -> None:
+    """The run was handed back: ready, with nobody's lease."""
+    store = await open_store(cli.url)
+    try:
+        run = await store.get_run(ref)
+        assert run.status is RunStatus.READY and run.lease_owner is None
+    finally:
+        await store.close()
+
+
 async def test_a_second_interrupt_stops_the_worker_at_once(cli: Cli) -> None:
     """Ctrl-C once waits for in-flight runs (up to --grace); twice cancels them at once and releases their leases."""
     assert cli("enqueue", "slow", "1", "--input", '{"tag": "t"}', "--checkpoint-id", "s1").returncode == 0
     proc = cli.spawn("worker", "--grace", "600", "--lease", "600", env={"RUNIFOLD_TEST_SLOW": "600"})
     try:
-        deadline = time.monotonic() + 60
-        while not list(cli.tmp.glob("started-t-*")):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+        wait_until_started(cli, proc)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
         assert proc.poll() is None  # the first Ctrl-C waits for the run
@@ -192,12 +207,7 @@ async def test_a_second_interrupt_stops_the_worker_at_once(cli: Cli) -> None:
             proc.kill()
     assert proc.returncode == 0 and "Ctrl-C again to stop at once" in err and "stopping now" in err
     assert "Released 1" in out  # the run it was running is counted as handed back
-    store = await open_store(cli.url)
-    try:
-        run = await store.get_run("s1")
-        assert run.status is RunStatus.READY and run.lease_owner is None
-    finally:
-        await store.close()
+    await assert_released(cli, "s1")
 
 
 async def test_a_stopping_worker_does_not_wait_for_a_plain_def_step_past_its_grace(cli: Cli) -> None:
@@ -206,22 +216,14 @@ async def test_a_stopping_worker_does_not_wait_for_a_plain_def_step_past_its_gra
     assert cli("enqueue", "slow-thread", "1", "--input", '{"tag": "t"}', "--checkpoint-id", "s1").returncode == 0
     proc = cli.spawn("worker", "--grace", "0.5", "--lease", "600", env={"RUNIFOLD_TEST_SLOW": "600"})
     try:
-        deadline = time.monotonic() + 60
-        while not list(cli.tmp.glob("started-t-*")):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.05)
+        wait_until_started(cli, proc)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)  # not the body's 600 s
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and "Released 1" in out
-    store = await open_store(cli.url)
-    try:
-        run = await store.get_run("s1")
-        assert run.status is RunStatus.READY and run.lease_owner is None
-    finally:
-        await store.close()
+    await assert_released(cli, "s1")
 
 
 def test_an_interrupt_outside_the_worker_exits_130(cli: Cli) -> None:
