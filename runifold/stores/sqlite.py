@@ -80,6 +80,8 @@ TASK_OF = by_ref(Q["task_of"])
 SCHEMA_VERSION = migrations("sqlite")[-1][0]
 _BUSY = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_BUSY_SNAPSHOT", "SQLITE_BUSY_RECOVERY", "SQLITE_LOCKED_SHAREDCACHE"}
 _json = msgspec.json.encode
+#: a run committing alone, directly, lets the event loop run other tasks at least this often (see _write)
+DIRECT_WRITES_PER_YIELD = 8
 
 
 def _errorname(exc: sqlite3.Error) -> str:
@@ -137,6 +139,10 @@ def _notify_parent(conn: sqlite3.Connection, run_id: str, status: RunStatus, eve
 
 
 def _insert_events(conn: sqlite3.Connection, run_id: str, first_seq: int, events: Sequence[EventRow], now: float) -> None:
+    if len(events) == 1:  # most commits: one statement, without executemany's iteration
+        e = events[0]
+        conn.execute(Q["insert_event"], (run_id, first_seq, e.type, e.key, now, e.body.decode()))
+        return
     conn.executemany(Q["insert_event"],
                      [(run_id, first_seq + i, e.type, e.key, now, e.body.decode()) for i, e in enumerate(events)])
 
@@ -288,13 +294,17 @@ class SqliteWorkflowStore:
         """Run a write, grouped with others in the writer thread or, alone, in the caller."""
         if self._writer is None:
             raise StoreError(f"the SQLite store {self.path} was opened read-only; open it without readonly to write")
-        # invariant: a write yields to the event loop first, as I/O does. A direct write never suspends, so
-        # without this a run whose steps are quick would run to its end in one pass of the loop, other runs
-        # would never get to claim or commit beside it, and it would always look alone: no grouping, and a
-        # supervisor's other slots starved
-        await asyncio.sleep(0)
         try:
             if self._alone():
+                # invariant: direct writes yield to the event loop, as I/O does, at least every
+                # DIRECT_WRITES_PER_YIELD. A direct write never suspends, so without this a run whose steps are
+                # quick would run to its end in one pass of the loop, other runs would never get to claim or
+                # commit beside it, and it would always look alone: no grouping, and a supervisor's other slots
+                # starved. (A write sent to the writer thread suspends anyway.)
+                if self.direct % DIRECT_WRITES_PER_YIELD == 0:
+                    await asyncio.sleep(0)
+                    if not self._alone():
+                        return await self._writer.submit(op, orphan)  # type: ignore[no-any-return]
                 [(value, exc)] = self._apply(self._writer.connection, [op], budget=0.0)
                 if exc is None:
                     self.direct += 1
@@ -448,26 +458,34 @@ class SqliteWorkflowStore:
 
         def op(conn: sqlite3.Connection) -> CommitResult:
             now = self._clock()
-            row = conn.execute(RUN["run_id"], (lease.run_id,)).fetchone()
-            run = None if row is None else _state(row)
-            refused = _rule.fence(run, lease, expected_revision, now)
-            if refused is not None:
+            revision = expected_revision + len(events)
+            fence = (lease.run_id, lease.token, now, expected_revision)
+            if columns is None:
+                changed = conn.execute(Q["append"], (revision, now, *fence)).rowcount
+            else:
+                changed = conn.execute(Q["transition"], (
+                    revision, now, columns.status, columns.due_at, _json(columns.wait_signals).decode(),
+                    columns.reason, *fence)).rowcount
+            if not changed:
+                # fenced off: a retry of this very commit (its first attempt written, the answer lost) is
+                # recognised; otherwise the rule says why
+                row = conn.execute(RUN["run_id"], (lease.run_id,)).fetchone()
+                run = None if row is None else _state(row)
                 stored = conn.execute(Q["events_after"], (lease.run_id, expected_revision)).fetchall()
                 if _rule.is_own_retry(run, lease, expected_revision, events, columns, stored):
                     return CommitResult(row[5], row[11])
+                refused = _rule.fence(run, lease, expected_revision, now)
+                assert refused is not None, "the commit's UPDATE and _rule.fence disagree"
                 raise LeaseLostError(lease.run_id, refused)
-            revision = expected_revision + len(events)
             _insert_events(conn, lease.run_id, expected_revision + 1, events, now)
             if consumed_signals:
                 conn.executemany(Q["consume"], [(lease.run_id, s) for s in consumed_signals])
-            if columns is None:
-                conn.execute(Q["append"], (revision, now, lease.run_id))
-            else:
-                unconsumed: Collection[str] = ()
+            if columns is not None:
                 if columns.status is RunStatus.WAITING and columns.wait_signals:
                     unconsumed = {r[0] for r in conn.execute(Q["unconsumed_names"], (lease.run_id,))}
-                conn.execute(Q["transition"], (revision, now, columns.status, _rule.commit_due(columns, now, unconsumed),
-                                               _json(columns.wait_signals).decode(), columns.reason, lease.run_id))
+                    due = _rule.commit_due(columns, now, unconsumed)
+                    if due != columns.due_at:
+                        conn.execute(Q["wake"], (due, lease.run_id))
                 _notify_parent(conn, lease.run_id, columns.status, events, now)
             return CommitResult(revision, now)
 

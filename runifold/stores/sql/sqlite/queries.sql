@@ -1,5 +1,6 @@
 -- Every statement the SQLite store sends. What each operation does to a run
--- is decided in Python by runifold/stores/_rule.py; these read and write it.
+-- is decided in Python by runifold/stores/_rule.py; these read and write it (a commit's fence is also
+-- stated in its UPDATE: see append).
 
 -- name: has_schema_table
 SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runifold_schema'
@@ -63,13 +64,18 @@ SELECT DISTINCT name FROM signals WHERE run_id = ? AND consumed = 0
 -- name: renew
 UPDATE runs SET lease_until = ?, due_at = ? WHERE run_id = ?
 
+-- A commit's run update carries its fence (_rule.fence, stated in the WHERE clause as PostgreSQL's
+-- runifold_commit states it): it changes no row unless the lease still holds the run at the expected
+-- revision; the store then reads the row to say why (or to recognise a retry of the same commit).
+
 -- name: append
-UPDATE runs SET revision = ?, updated_at = ? WHERE run_id = ?
+UPDATE runs SET revision = ?, updated_at = ?
+WHERE run_id = ? AND status = 'running' AND lease_token = ? AND lease_until > ? AND revision = ?
 
 -- name: transition
 UPDATE runs SET revision = ?, updated_at = ?, status = ?, due_at = ?, wait_signals = ?, reason = ?,
     lease_owner = NULL, lease_until = NULL
-WHERE run_id = ?
+WHERE run_id = ? AND status = 'running' AND lease_token = ? AND lease_until > ? AND revision = ?
 
 -- name: consume
 UPDATE signals SET consumed = 1 WHERE run_id = ? AND signal_id = ?
