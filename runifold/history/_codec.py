@@ -15,6 +15,7 @@ import functools
 import math
 import sys
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -58,38 +59,43 @@ def _non_finite(value: Any) -> bool:
     return False
 
 
-def encode_value(value: Any, *, what: str) -> bytes:
+def encode_value(value: Any, *, what: str | Callable[[], str]) -> bytes:
     """Encode ``value`` as JSON, or raise ``SerializationError`` saying why it cannot be recorded.
 
     NaN and infinities are refused (JSON has no such numbers: they would come
-    back as ``null``), as are strings that are not valid Unicode.
+    back as ``null``), as are strings that are not valid Unicode. ``what`` names the value in an error
+    (a function returning the name: built only when there is one).
     """
     try:
         raw = _encoder.encode(value)
-    except RecursionError:
-        raise SerializationError(
+        # invariant: msgspec writes NaN and infinities as null, so only a value with a null can hold one
+        if b"null" not in raw or not _non_finite(msgspec.to_builtins(value, enc_hook=_enc_hook)):
+            return raw
+    except (RecursionError, *_ENCODE_ERRORS) as exc:
+        raise _unencodable(exc, what if isinstance(what, str) else what()) from (
+            None if isinstance(exc, RecursionError) else exc)
+    raise SerializationError(
+        f"{what if isinstance(what, str) else what()} cannot be recorded: it holds NaN or an infinity, which "
+        "JSON cannot represent; use None or a string for a missing or unbounded number"
+    )
+
+
+def _unencodable(exc: BaseException, what: str) -> SerializationError:
+    """The error for a value the encoder refused with ``exc``."""
+    if isinstance(exc, RecursionError):
+        return SerializationError(
             f"{what} cannot be recorded: it is nested too deeply to encode (hundreds of levels); "
-            "flatten it, e.g. into a list"
-        ) from None
-    except UnicodeEncodeError as exc:
-        raise SerializationError(
+            "flatten it, e.g. into a list")
+    if isinstance(exc, UnicodeEncodeError):
+        return SerializationError(
             f"{what} cannot be recorded: it holds a string that is not valid Unicode ({exc.reason}); "
-            "decode bytes with errors='replace' or pass them as bytes"
-        ) from exc
-    except _ENCODE_ERRORS as exc:
-        raise SerializationError(f"{what} cannot be recorded ({exc}); {_ADVICE}") from exc
-    # invariant: msgspec writes NaN and infinities as null, so only a value with a null can hold one
-    if b"null" in raw and _non_finite(msgspec.to_builtins(value, enc_hook=_enc_hook)):
-        raise SerializationError(
-            f"{what} cannot be recorded: it holds NaN or an infinity, which JSON cannot represent; "
-            "use None or a string for a missing or unbounded number"
-        )
-    return raw
+            "decode bytes with errors='replace' or pass them as bytes")
+    return SerializationError(f"{what} cannot be recorded ({exc}); {_ADVICE}")
 
 
 def encode_event(event: AnyEvent) -> bytes:
     """Encode an event as the JSON stored in a row."""
-    return encode_value(event, what=f"event {type(event).__name__} of {event.key or 'the run'}")
+    return encode_value(event, what=lambda: f"event {type(event).__name__} of {event.key or 'the run'}")
 
 
 def decode_event(raw: bytes | str, *, where: str = "") -> AnyEvent:
@@ -154,7 +160,7 @@ def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
     strings as numbers and bools.
     """
     try:
-        adapter = _pydantic_adapter(type_)
+        adapter = _pydantic_adapter(type_) if "pydantic" in sys.modules else None
     except TypeError:  # an unhashable annotation: not a pydantic one
         adapter = None
     if adapter is not None:

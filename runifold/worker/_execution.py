@@ -110,6 +110,8 @@ DIVERGED_RETRY_SECONDS = 60.0
 _BODY_GRACE = 1.0
 #: the pause before a commit whose answer was lost (the store unreachable) is sent again
 _RESEND_PAUSE = 0.5
+#: the kinds of call that, with no history, start fresh and progress live (see Replaying._classify)
+_FRESH_OPEN = frozenset({CallKind.STEP, CallKind.EFFECT})
 
 
 class _Stop(Exception):
@@ -303,8 +305,8 @@ class Execution(LiveProgress, Replaying):
         if self._divergence is not None:
             return call  # never resolved: the driver ends the execution
         self._calls[key] = call
-        opened = self._classify(call, events)
-        if opened:
+        # a step or effect with no history starts fresh (attempt 1) and progresses live, as _classify says
+        if (not events and kind in _FRESH_OPEN) or self._classify(call, events):
             self._open.append(call)
         return call
 
