@@ -45,6 +45,7 @@ from runifold.errors import (
 )
 from runifold.stores import _rule
 from runifold.stores._batch import Batcher
+from runifold.stores._deadlines import Deadlines
 from runifold.stores._protocol import (
     AuditRecord,
     Claim,
@@ -177,6 +178,7 @@ class PostgresWorkflowStore:
         self._retry_seconds = retry_seconds
         self._poll_seconds = poll_seconds
         self._command_timeout = command_timeout
+        self._deadlines = Deadlines()  # bounds each attempt of _call
         self._keepalive_seconds = keepalive_seconds
         self._listener: asyncpg.Connection | None = None
         self._finish_waiters: dict[str, set[asyncio.Future[None]]] = {}
@@ -294,11 +296,14 @@ class PostgresWorkflowStore:
         while True:
             remaining = deadline - loop.time()
             conn: asyncpg.Connection | None = None
+            bound = max(0.001, min(self._command_timeout, remaining))
+            attempt = self._deadlines.begin(bound)
             try:
-                async with asyncio.timeout(max(0.001, min(self._command_timeout, remaining))):
-                    conn = await self._pool.acquire()
-                    value = await op(conn)
-            except BaseException as exc:
+                conn = await self._pool.acquire()
+                value = await op(conn)
+            except BaseException as caught:
+                exc = (TimeoutError(f"no answer within {bound:g} s") if self._deadlines.timed_out(attempt, caught)
+                       else caught)
                 lost = isinstance(exc, asyncio.CancelledError) or _transient(exc, conn)
                 if conn is not None:
                     if lost:
@@ -317,6 +322,8 @@ class PostgresWorkflowStore:
             else:
                 self._pool.release(conn)
                 return value
+            finally:
+                self._deadlines.end(attempt)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -635,6 +642,7 @@ class PostgresWorkflowStore:
         if self._listener is not None and not self._listener.is_closed():
             self._listener.terminate()
         await self._pool.close()
+        self._deadlines.close()
 
 
 _BATCH_LIMIT = 64  # the most commits (or claims) one round trip carries
