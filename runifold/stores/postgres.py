@@ -214,7 +214,7 @@ class PostgresWorkflowStore:
                 their backoff included, before it raises :class:`StoreUnavailableError`.
             poll_seconds: the fallback poll interval of :meth:`wait_for_work`.
             command_timeout: the longest one attempt may take (also the server's
-                ``statement_timeout``).
+                ``statement_timeout``); checked every 50 ms.
             keepalive_seconds: a connection silent this long is probed, and data
                 unacknowledged this long drops it.
             readonly: read only: the schema must exist at this runifold's version and
