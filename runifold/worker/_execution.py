@@ -304,7 +304,10 @@ class Execution(LiveProgress, Replaying):
         call = Call(key, kind, self._loop.create_future(), returns, **fields)
         if self._divergence is not None:
             return call  # never resolved: the driver ends the execution
-        self._calls[key] = call
+        if self._replaying or self._live is None:
+            # replay hands recorded outcomes to calls by key, and the debugger reports their types; a live run
+            # past its history keeps no index of its calls (a long run would hold every one it ever made)
+            self._calls[key] = call
         # a step or effect with no history starts fresh (attempt 1) and progresses live, as _classify says
         if (not events and kind in _FRESH_OPEN) or self._classify(call, events):
             self._open.append(call)
