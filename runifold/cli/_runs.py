@@ -22,10 +22,10 @@ from runifold.cli._common import (
 )
 from runifold.dsl import Budget
 from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
-from runifold.errors import RunNotFoundError
-from runifold.stores import RunInfo, RunStatus, WorkflowStore
+from runifold.stores import RunInfo, RunStatus
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
+from runifold.worker._admin import child_runs
 from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
 
 MAX_PAGE = 1_000
@@ -130,17 +130,6 @@ async def _run_and_children(
     finally:
         await store.close()
     return info, entries, found, running
-
-
-async def child_runs(store: WorkflowStore, checkpoint: Checkpoint) -> dict[str, RunInfo]:
-    """A run's child runs by the key of the call that started each; a child purged since is left out."""
-    found = {}
-    for key, run_id in checkpoint.children.items():
-        try:
-            found[key] = await store.get_run(run_id)
-        except RunNotFoundError:
-            pass  # purged: it finished, and purge deleted it (the parent's history still names it)
-    return found
 
 
 def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | EffectFailed | None]:

@@ -66,22 +66,24 @@ def encode_value(value: Any, *, what: str | Callable[[], str]) -> bytes:
     back as ``null``), as are strings that are not valid Unicode. ``what`` names the value in an error
     (a function returning the name: built only when there is one).
     """
+    problem: BaseException | None = None
     try:
         raw = _encoder.encode(value)
         # invariant: msgspec writes NaN and infinities as null, so only a value with a null can hold one
         if b"null" not in raw or not _non_finite(msgspec.to_builtins(value, enc_hook=_enc_hook)):
             return raw
     except (RecursionError, *_ENCODE_ERRORS) as exc:
-        raise _unencodable(exc, what if isinstance(what, str) else what()) from (
-            None if isinstance(exc, RecursionError) else exc)
-    raise SerializationError(
-        f"{what if isinstance(what, str) else what()} cannot be recorded: it holds NaN or an infinity, which "
-        "JSON cannot represent; use None or a string for a missing or unbounded number"
-    )
+        problem = exc
+    cause = None if isinstance(problem, RecursionError) else problem
+    raise _unencodable(problem, what if isinstance(what, str) else what()) from cause
 
 
-def _unencodable(exc: BaseException, what: str) -> SerializationError:
-    """The error for a value the encoder refused with ``exc``."""
+def _unencodable(exc: BaseException | None, what: str) -> SerializationError:
+    """The error for a value the encoder refused with ``exc`` (None: it held NaN or an infinity)."""
+    if exc is None:
+        return SerializationError(
+            f"{what} cannot be recorded: it holds NaN or an infinity, which JSON cannot represent; "
+            "use None or a string for a missing or unbounded number")
     if isinstance(exc, RecursionError):
         return SerializationError(
             f"{what} cannot be recorded: it is nested too deeply to encode (hundreds of levels); "

@@ -14,12 +14,13 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._runs import _report_json, budget_json, budget_of, child_runs, finished_at, show_json
+from runifold.cli._runs import _report_json, budget_json, budget_of, finished_at, show_json
 from runifold.errors import RunifoldError, RunNotFoundError
 from runifold.history import Entry, decode_event, fold
 from runifold.stores import AuditRecord, RunInfo, RunStatus, StoredEvent, WorkflowStore
 from runifold.ui._timeline import effect_evidence, timeline
 from runifold.worker import WorkflowRegistry
+from runifold.worker._admin import child_runs
 from runifold.worker._debug import replay
 
 #: the largest page of runs a request may ask for (as ``runifold runs list --limit``)

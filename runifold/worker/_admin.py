@@ -13,6 +13,7 @@ from runifold._log import get_logger
 from runifold.errors import InvalidStateError, RunNotFoundError
 from runifold.history import (
     Ambiguous,
+    Checkpoint,
     Entry,
     Resolution,
     RunCancelled,
@@ -24,7 +25,7 @@ from runifold.history import (
     fold,
 )
 from runifold.history import EffectResolved as EffectResolvedEvent
-from runifold.stores import CommitResult, EventRow, RunStatus, WorkflowStore
+from runifold.stores import CommitResult, EventRow, RunInfo, RunStatus, WorkflowStore
 from runifold.worker._debug import call_returns
 from runifold.worker._registry import WorkflowRegistry
 
@@ -110,14 +111,21 @@ async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str
     result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED,
                                    f"cancelled by {by}: {reason}")
     log.info("run_cancelled", run_ref=run_ref, by=by)
-    for child in fold(await _history(store, info.run_id)).children.values():
-        try:
-            finished = (await store.get_run(child)).status.finished
-        except RunNotFoundError:
-            continue  # purged, so finished
-        if not finished:
-            await cancel_run(store, child, by=by, reason=f"parent {info.run_id} was cancelled: {reason}")
+    for child in (await child_runs(store, fold(await _history(store, info.run_id)))).values():
+        if not child.status.finished:
+            await cancel_run(store, child.run_id, by=by, reason=f"parent {info.run_id} was cancelled: {reason}")
     return result
+
+
+async def child_runs(store: WorkflowStore, checkpoint: Checkpoint) -> dict[str, RunInfo]:
+    """A run's child runs by the key of the call that started each; a child purged since is left out."""
+    found = {}
+    for key, run_id in checkpoint.children.items():
+        try:
+            found[key] = await store.get_run(run_id)
+        except RunNotFoundError:
+            pass  # purged: it finished, and purge deleted it (the parent's history still names it)
+    return found
 
 
 async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str) -> CommitResult:

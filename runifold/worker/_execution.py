@@ -110,8 +110,6 @@ DIVERGED_RETRY_SECONDS = 60.0
 _BODY_GRACE = 1.0
 #: the pause before a commit whose answer was lost (the store unreachable) is sent again
 _RESEND_PAUSE = 0.5
-#: the kinds of call that, with no history, start fresh and progress live (see Replaying._classify)
-_FRESH_OPEN = frozenset({CallKind.STEP, CallKind.EFFECT})
 
 
 class _Stop(Exception):
@@ -308,8 +306,7 @@ class Execution(LiveProgress, Replaying):
             # replay hands recorded outcomes to calls by key, and the debugger reports their types; a live run
             # past its history keeps no index of its calls (a long run would hold every one it ever made)
             self._calls[key] = call
-        # a step or effect with no history starts fresh (attempt 1) and progresses live, as _classify says
-        if (not events and kind in _FRESH_OPEN) or self._classify(call, events):
+        if self._classify(call, events):
             self._open.append(call)
         return call
 

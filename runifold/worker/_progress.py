@@ -266,7 +266,7 @@ class LiveProgress:
             self._fail(CapabilityDeniedError(key, requires), key)
             return False
         budget = self.definition.budget
-        out_of_time = None if budget.max_elapsed is None else self._out_of_time(self.store_time(), at=False)
+        out_of_time = self._out_of_time(self.store_time(), at=False)
         if out_of_time is not None:
             self._fail(out_of_time, key)
             return False
@@ -379,10 +379,7 @@ class LiveProgress:
             # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
             bound = _KEY.set(start.call.key)
             try:
-                if start.timeout is None and _is_async(start.fn):
-                    value = await start.fn(*start.args, **start.kwargs)  # as _body would, one frame less
-                else:
-                    value = await _body(start.fn, start.args, start.kwargs, start.timeout)
+                value = await _body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():

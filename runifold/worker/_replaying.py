@@ -49,6 +49,9 @@ from runifold.history import (
 )
 from runifold.worker._call import Call, Live, ReplayReport
 
+#: the kinds of call that, with no history, start fresh and progress live
+_FRESH_OPEN = frozenset({CallKind.STEP, CallKind.EFFECT})
+
 
 class Replaying:
     """Classifies calls against their recorded events and hands recorded outcomes back in recorded order."""
@@ -76,6 +79,8 @@ class Replaying:
     def _classify(self, call: Call, events: list[AnyEvent]) -> bool:
         """Take a call's state from its recorded events; True if it progresses live (else replay answers it)."""
         key = call.key
+        if not events and call.kind in _FRESH_OPEN:
+            return True  # no history: a step or an effect starts fresh, at attempt 1, and progresses live
         match call.kind:
             case CallKind.STEP:
                 state = step_state(events)

@@ -148,7 +148,7 @@ class Supervisor:
                 raise
             except Exception as exc:  # noqa: BLE001 - a slot outlives anything a run or the store raises
                 failures += 1
-                await self._survive(index, claim, exc)
+                self._survive(index, claim, exc)
                 await self._pause(min(0.1 * 2**failures, 5.0))
 
     async def _schedules(self, every: float) -> None:
@@ -160,7 +160,7 @@ class Supervisor:
                 self.log.error("schedule_check_failed", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
             await self._pause(every)
 
-    async def _survive(self, index: int, claim: Claim | None, exc: Exception) -> None:
+    def _survive(self, index: int, claim: Claim | None, exc: Exception) -> None:
         """Log and count an exception that ended a slot's turn."""
         expected = isinstance(exc, RunifoldError)
         self._count("Error" if expected else "UnexpectedError")

@@ -24,7 +24,7 @@ from runifold import (
     workflow,
 )
 from runifold.history import ChildStarted, RunFailed, RunStarted, SignalReceived, fold
-from runifold.cli._runs import child_runs
+from runifold.worker._admin import child_runs
 from tests.support import entries, send_signal, worker
 
 calls: Counter[str] = Counter()
