@@ -24,6 +24,7 @@ from runifold.history._calls import (
 from runifold.history._checkpoint import Checkpoint, Phase, Usage, Wait, fold
 from runifold.history._codec import (
     accept,
+    canonical,
     canonical_json,
     convert,
     decode_event,
@@ -74,7 +75,7 @@ __all__ = [
     "RunFailed", "RunRetried", "RunStarted", "SignalReceived", "SignalTimedOut", "SignalWaitStarted",
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
-    "WaitReceived", "WaitState", "WaitTimedOut", "canonical_json", "convert", "decode_event",
+    "WaitReceived", "WaitState", "WaitTimedOut", "canonical", "canonical_json", "convert", "decode_event",
     "effect_state", "encode_event", "encode_value", "fold", "kind_of", "record", "step_state",
     "timer_state", "to_plain", "type_tag", "wait_state",
 ]

@@ -123,7 +123,11 @@ def canonical_json(value: Any, *, what: str, one_number: bool = False) -> bytes:
     ``0``), so values equal as JSON numbers compare equal. Raises ``SerializationError`` as
     :func:`to_plain` does.
     """
-    plain = to_plain(value, what=what)
+    return canonical(to_plain(value, what=what), one_number=one_number)
+
+
+def canonical(plain: Any, *, one_number: bool = False) -> bytes:
+    """:func:`canonical_json` of a value that is JSON builtins already (what :func:`to_plain` returned)."""
     return msgspec.json.encode(_one_number(plain) if one_number else plain, order="sorted")
 
 

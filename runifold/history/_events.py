@@ -2,7 +2,8 @@
 
 Each event is a frozen ``msgspec.Struct`` in one tagged union. Tags are stable
 snake_case strings stored in every row, so renaming a class never breaks a
-stored history. New fields get defaults; existing fields never change type.
+stored history. New fields get defaults; existing fields never change type. A
+field at its default is left out of the stored JSON (it reads back as the default).
 
 Times are seconds since the epoch on the *store's* clock.
 """
@@ -15,7 +16,7 @@ from typing import Any
 import msgspec
 
 
-class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
+class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True, omit_defaults=True):
     """Base of every event. ``key`` names the workflow call an event belongs to."""
 
     key: str = ""

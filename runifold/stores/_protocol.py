@@ -30,13 +30,13 @@ import enum
 import secrets
 import time
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, final
 
 import msgspec
 
 from runifold.errors import InvalidInputError, SerializationError
-from runifold.history import RunStarted, canonical_json, encode_event, encode_value, to_plain, type_tag
+from runifold.history import RunStarted, canonical, encode_event, encode_value, to_plain, type_tag
 
 if TYPE_CHECKING:
     from runifold.stores._schedule import Schedule, ScheduleInfo
@@ -92,6 +92,8 @@ class WorkflowTask:
     parent_run_id: str | None = None
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
+    #: the input as the JSON builtins the history records (set from ``input``)
+    _plain: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -117,14 +119,13 @@ class WorkflowTask:
             raise InvalidInputError(str(exc)) from exc
         check_concurrency(self.concurrency_key, self.concurrency_limit)
         # a value that cannot be recorded (NaN, invalid Unicode, an object JSON cannot hold) is refused here as
-        # everywhere else a value is recorded: SerializationError
-        to_plain(dict(self.input), what="the task input")
+        # everywhere else a value is recorded: SerializationError. Encoded once: what the history records
+        object.__setattr__(self, "_plain", to_plain(dict(self.input), what="the task input"))
 
     def first_event(self) -> EventRow:
         """Return the ``run_started`` row that opens this task's history."""
-        plain = to_plain(dict(self.input), what="the task input")
-        return EventRow.of(RunStarted(name=self.name, version=self.version, input=plain, checkpoint_id=self.checkpoint_id,
-                                      parent_run_id=self.parent_run_id))
+        return EventRow.of(RunStarted(name=self.name, version=self.version, input=self._plain,
+                                      checkpoint_id=self.checkpoint_id, parent_run_id=self.parent_run_id))
 
     def input_json(self) -> bytes:
         """Return the input as canonical JSON, used to compare re-enqueued tasks.
@@ -132,7 +133,7 @@ class WorkflowTask:
         Inputs compare as JSON values: key order does not matter, and a float with an integral value is
         the same number as that int (``1.0`` and ``1``, ``-0.0`` and ``0``: JSON has one kind of number).
         """
-        return canonical_json(dict(self.input), what="the task input", one_number=True)
+        return canonical(self._plain, one_number=True)
 
 
 class EventRow(msgspec.Struct, frozen=True):

@@ -578,7 +578,7 @@ class StoreConformance(ScheduleAndLimitConformance):
         assert parent_claim is not None and parent_claim.run_id == parent.run_id
         payloads = {s.name: s.payload for s in parent_claim.inbox}
         assert payloads == {
-            names[0]: {"type": "run_completed", "key": "", "output": {"n": 1}},
-            names[1]: {"type": "run_cancelled", "key": "", "by": "ops", "reason": "no"},
+            names[0]: {"type": "run_completed", "output": {"n": 1}},
+            names[1]: {"type": "run_cancelled", "by": "ops", "reason": "no"},
         }
         assert all(s.sender == "runifold" for s in parent_claim.inbox)
