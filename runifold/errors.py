@@ -11,6 +11,7 @@
     ├── RunNotFoundError          no run with that id or checkpoint id
     ├── ScheduleNotFoundError     no schedule with that name
     ├── InvalidStateError         the operation does not fit the run's state
+    │   └── OutsideWorkflowError  a WorkflowContext method called outside workflow code
     ├── LeaseLostError            a commit or renewal was fenced off
     ├── NondeterminismError       code and recorded history disagree
     ├── SerializationError        a value cannot be encoded or a row cannot be decoded
@@ -45,6 +46,7 @@ __all__ = [
     "InvalidStateError",
     "LeaseLostError",
     "NondeterminismError",
+    "OutsideWorkflowError",
     "RegistrationError",
     "RunFailedError",
     "RunFailure",
@@ -123,6 +125,13 @@ class ScheduleNotFoundError(RunifoldError):
 
 class InvalidStateError(RunifoldError):
     """The operation does not apply to the run in its current state."""
+
+
+class OutsideWorkflowError(InvalidStateError):
+    """A ``WorkflowContext`` method was called outside workflow code (from a step or effect body, say).
+
+    A body that raises it fails for good, without retries: another attempt would raise the same.
+    """
 
 
 #: why a commit was refused for good: the run is no more to be continued by anyone (see :class:`LeaseLostError`)

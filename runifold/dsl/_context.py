@@ -23,7 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar, final
 import msgspec
 
 from runifold.dsl._definition import WORKFLOW_ATTR, EffectSpec, StepSpec, WorkflowSpec, check_signal_name
-from runifold.errors import ChildFailedError, ConfigurationError, InvalidStateError
+from runifold.errors import ChildFailedError, ConfigurationError, OutsideWorkflowError
 from runifold.history import RunCancelled, RunCompleted, RunFailed, convert, decode_event
 
 R = TypeVar("R")
@@ -105,7 +105,7 @@ current: contextvars.ContextVar[Binding | None] = contextvars.ContextVar("runifo
 def _binding() -> Binding:
     binding = current.get()
     if binding is None:
-        raise InvalidStateError(
+        raise OutsideWorkflowError(
             "this WorkflowContext method was called outside the workflow's own tasks; call it "
             "from workflow code, not from inside a step or effect body"
         )

@@ -27,7 +27,9 @@ from runifold.dsl._definition import EffectSpec, RetryPolicy, StepSpec
 from runifold.errors import (
     BudgetExceededError,
     CapabilityDeniedError,
+    ConfigurationError,
     EffectFailedError,
+    OutsideWorkflowError,
     RunifoldError,
     SerializationError,
     StepFailedError,
@@ -66,6 +68,8 @@ from runifold.worker._loop import WorkflowLoop
 #: the call key on log lines of a body (structlog's context-local field ``key``)
 _KEY = context_var("key")
 _UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
+#: a body that raises one of these misused runifold: another attempt would raise the same, so it is not retried
+_MISUSE = (ConfigurationError, OutsideWorkflowError)
 
 
 class _Start(NamedTuple):
@@ -462,9 +466,9 @@ class LiveProgress:
             self._open.remove(call)
         self._outbox.append((events, lambda: self._resolve(call, value, error)))
 
-    def _retry_at(self, retry: RetryPolicy, attempt: int) -> float | None:
-        """When the next attempt may run by the call's policy, or None when the failure is final."""
-        if attempt >= retry.max_attempts:
+    def _retry_at(self, retry: RetryPolicy, attempt: int, exc: BaseException | None = None) -> float | None:
+        """When the next attempt may run by the call's policy, or None when the failure (``exc``) is final."""
+        if attempt >= retry.max_attempts or isinstance(exc, _MISUSE):
             return None
         return self.store_time() + retry.backoff(attempt + 1)
 
@@ -495,7 +499,7 @@ class LiveProgress:
                 return
             self._done(call, [StepCompleted(key=key, output=plain, attempt=attempt)], live)
             return
-        self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt))
+        self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt, exc))
 
     def _failed_attempt(self, call: Call, exc: BaseException, retry_at: float | None) -> None:
         key, attempt, error = call.key, call.attempt, describe(exc)
@@ -540,7 +544,7 @@ class LiveProgress:
             self._done(call, [EffectCompleted(key=key, output=plain, attempt=attempt)], live)
             return
         if not isinstance(exc, _UNKNOWN_OUTCOME):
-            self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt))
+            self._failed_attempt(call, exc, self._retry_at(spec.retry, attempt, exc))
             return
         self.log.warning("effect_outcome_unknown", key=key, attempt=attempt, error=describe(exc))
         unknown = EffectUnknown(key=key, error=describe(exc), attempt=attempt, error_type=type_name(exc))

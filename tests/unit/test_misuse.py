@@ -20,6 +20,7 @@ from runifold import (
     step,
     workflow,
 )
+from runifold.history import StepFailed, decode_event
 from runifold.testing import WorkflowEnvironment
 
 
@@ -98,3 +99,29 @@ def test_a_divergence_names_non_deterministic_code_as_a_cause() -> None:
 def test_a_step_timeout_must_still_be_positive() -> None:
     with pytest.raises(ConfigurationError, match="step timeout must be positive"):
         step(timeout=timedelta(0))(body)
+
+
+async def test_a_context_method_in_a_step_body_fails_the_step_at_once() -> None:
+    """ctx.now() in a step body (ctx passed in as an argument) was retried by the step's policy before it failed:
+    another attempt raises the same, so the first attempt's failure is final, and says where to call it."""
+    attempts: list[int] = []
+
+    @step()
+    async def stamp(ctx: WorkflowContext) -> str:
+        attempts.append(1)
+        return ctx.now().isoformat()
+
+    @workflow("stamps")
+    async def stamps(ctx: WorkflowContext) -> str:
+        return await stamp(ctx)
+
+    async with WorkflowEnvironment(WorkflowDefinition(stamps)) as env:
+        run = await env.start(stamps, {})
+        outcomes = await env.run_until_idle()
+        assert [type(o).__name__ for o in outcomes] == ["Failed"]
+        with pytest.raises(RunFailedError, match=r"OutsideWorkflowError.*not from inside a step or effect body"):
+            await env.result(run)
+        history = [decode_event(e.body) for e in await env.store.history(run.run_id)]
+        failures = [e for e in history if isinstance(e, StepFailed)]
+        assert len(attempts) == 1 and len(failures) == 1 and failures[0].retry_at is None
+        await env.assert_replays()
