@@ -21,11 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from runifold import (  # noqa: E402
     LeaseDuration,
+    RunInfo,
     Supervisor,
     WorkerId,
     WorkflowContext,
     WorkflowDefinition,
     WorkflowRegistry,
+    WorkflowStore,
     WorkflowWorker,
     connect,
     step,
@@ -99,11 +101,11 @@ async def main(url: str) -> None:
             await running
 
 
-async def _children(store: object, run_id: str) -> dict[str, object]:
+async def _children(store: WorkflowStore, run_id: str) -> dict[str, RunInfo]:
     from runifold.history import Entry, decode_event, fold
 
-    entries = [Entry(e.seq, e.at, decode_event(e.body)) for e in await store.history(run_id)]  # type: ignore[attr-defined]
-    return {key: await store.get_run(child) for key, child in fold(entries).children.items()}  # type: ignore[attr-defined]
+    entries = [Entry(e.seq, e.at, decode_event(e.body)) for e in await store.history(run_id)]
+    return {key: await store.get_run(child) for key, child in fold(entries).children.items()}
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, overload
 
@@ -97,10 +97,10 @@ class StepDecorator(Protocol):
     """What ``@step(...)`` returns: it takes an ``async def`` or a plain ``def``; either is awaited."""
 
     @overload
-    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+    def __call__(self, fn: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
     @overload
-    def __call__(self, fn: Callable[P, R]) -> Callable[P, Awaitable[R]]: ...
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]: ...
 
 
 def step(
@@ -125,7 +125,7 @@ def step(
     _no_bare_use(fn, "step", "@step() (or @step(retry=RetryPolicy(...)))")
     _check_options("step", retry, timeout)
 
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
         _check_callable(fn, "step")
         spec = StepSpec(_check_id(id or fn.__name__, "step"), fn, retry or RetryPolicy(), requires, _ReturnType(fn),
                         timeout)
@@ -154,7 +154,7 @@ def effect(
     retry: RetryPolicy | None = None,
     requires: str | None = None,
     timeout: timedelta | None = None,
-) -> Callable[[Callable[Concatenate[str, P], Awaitable[R]]], Callable[P, Awaitable[R]]]:
+) -> Callable[[Callable[Concatenate[str, P], Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
     """Declare an effect: a call to the outside world whose outcome may be unknown.
 
     The body receives the effect's idempotency key first, then the caller's
@@ -176,7 +176,7 @@ def effect(
         _check_async(reconcile, "effect reconcile")
     _check_options("effect", retry, timeout)
 
-    def decorate(fn: Callable[Concatenate[str, P], Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    def decorate(fn: Callable[Concatenate[str, P], Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         _check_async(fn, "effect")
         if not positional_params(fn, 0):
             raise ConfigurationError(f"effect {fn.__name__!r} must take the idempotency key as its first parameter")

@@ -125,3 +125,22 @@ async def test_a_context_method_in_a_step_body_fails_the_step_at_once() -> None:
         failures = [e for e in history if isinstance(e, StepFailed)]
         assert len(attempts) == 1 and len(failures) == 1 and failures[0].retry_at is None
         await env.assert_replays()
+
+
+def test_a_call_without_await_is_reported_by_mypy(tmp_path: Any) -> None:
+    """A step or effect called without ``await`` runs nothing (a coroutine is made and dropped); mypy's default
+    ``unused-coroutine`` check says so, because the decorated functions are typed as returning coroutines."""
+    api = pytest.importorskip("mypy.api")
+    module = tmp_path / "forgot.py"
+    module.write_text(
+        "from runifold import ResumePolicy, WorkflowContext, effect, step, workflow\n"
+        "@step()\nasync def reserve(n: int) -> int:\n    return n\n"
+        "@step()\ndef plain(n: int) -> int:\n    return n\n"
+        "@effect(resume=ResumePolicy.REPEAT)\nasync def charge(key: str, cents: int) -> str:\n    return key\n"
+        "@workflow('forgot')\nasync def forgot(ctx: WorkflowContext) -> int:\n"
+        "    reserve(1)\n    plain(2)\n    charge(3)\n    return await reserve(4) + await plain(5)\n"
+    )
+    out, _, status = api.run([str(module), "--strict", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary"])
+    lines = [line for line in out.splitlines() if "error:" in line]
+    assert status == 1 and [line.split(":")[1] for line in lines] == ["13", "14", "15"], out
+    assert all("must be used  [unused-coroutine]" in line for line in lines), out
