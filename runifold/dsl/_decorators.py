@@ -41,7 +41,11 @@ def _check_async(fn: Callable[..., Any], what: str) -> None:
 
 
 def _check_callable(fn: Callable[..., Any], what: str) -> None:
-    if not callable(fn) or inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        raise ConfigurationError(
+            f"@{what} {getattr(fn, '__name__', fn)!r} is a generator function (it uses `yield`); a {what} records "
+            "one value: return a list of the items instead")
+    if not callable(fn):
         raise ConfigurationError(f"@{what} needs an `async def` or a plain `def` function, got {fn!r}")
 
 

@@ -144,3 +144,15 @@ def test_a_call_without_await_is_reported_by_mypy(tmp_path: Any) -> None:
     lines = [line for line in out.splitlines() if "error:" in line]
     assert status == 1 and [line.split(":")[1] for line in lines] == ["13", "14", "15"], out
     assert all("must be used  [unused-coroutine]" in line for line in lines), out
+
+
+def test_a_generator_step_is_refused_saying_what_to_return() -> None:
+    def numbers(n: int) -> Any:
+        yield n
+
+    async def stream(n: int) -> Any:
+        yield n
+
+    for fn in (numbers, stream):
+        with pytest.raises(ConfigurationError, match=r"is a generator function .* return a list of the items instead"):
+            step()(fn)
