@@ -1,14 +1,15 @@
 """Driving one run: replay its history through the workflow's code, then continue it live.
 
 Workflow code runs on its own :class:`~runifold.worker._loop.WorkflowLoop`.
-Each durable call (step, effect, timer, signal wait) registers a *call* and
-awaits a future that only this driver resolves:
+Each durable call (step, effect, timer, signal wait; asyncio's timers are
+durable timers too) registers a *call* and awaits a future that only this
+driver resolves:
 
 * **Replay.** Calls whose outcome history records are answered in the order
   the outcomes were recorded, one at a time, running workflow code until it is
   idle in between: the interleaving of concurrent branches is the one the live
-  run had. A recorded call the code cannot reach once it is idle (and waits
-  for nothing in real time) is a divergence; nothing runs live and nothing is
+  run had. A recorded call the code cannot reach once it is idle is a
+  divergence; nothing runs live and nothing is
   written before the whole history has been replayed.
 * **Live.** Then the open calls progress: step and effect bodies run as tasks
   of the worker's loop, and their results are committed, grouped when several
@@ -215,6 +216,18 @@ class Execution(LiveProgress, Replaying):
     async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
         fire_at = until if until is not None else self.store_time() + (delay or 0.0)
         await self._awaited(self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at))
+
+    def timer(self, scope: Scope, delay: float, fire: Callable[[], None]) -> Callable[[], None]:
+        """A durable timer for asyncio's ``call_at`` in workflow code: ``fire`` runs when it fires (live, or at
+        its recorded place on replay); the function returned cancels it (recorded as ``call_cancelled``)."""
+        call = self._register(scope.key("timer"), CallKind.TIMER, None, due=self.store_time() + max(0.0, delay))
+        call.future.add_done_callback(lambda future: None if future.cancelled() else fire())
+
+        def cancel() -> None:
+            if call.future.cancel():
+                self._abandon(call)
+
+        return cancel
 
     async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any = Any) -> Any:
         deadline = None if timeout is None else self.store_time() + timeout
@@ -434,15 +447,9 @@ class Execution(LiveProgress, Replaying):
             if self._replaying:
                 if self._replay_next():
                     continue
-                if loop.waiting_in_real_time:
-                    await self._wait(None)
-                    continue
                 self._divergence = self._stuck()
                 continue
             if self._live is None:
-                if loop.waiting_in_real_time and not root.done():
-                    await self._wait(None)  # workflow code is still on its way (asyncio.sleep, to_thread)
-                    continue
                 return None  # the debugger stops where the history ends
             if self._finished:
                 self._collect_finished()
@@ -458,7 +465,7 @@ class Execution(LiveProgress, Replaying):
                 continue
             if self._resolutions or self._outbox or loop.has_ready:
                 continue
-            if self._bodies or (loop.waiting_in_real_time and not root.done()):
+            if self._bodies:
                 await self._wait(self._next_due())
                 continue
             if self._failure is not None:
@@ -642,7 +649,7 @@ class Execution(LiveProgress, Replaying):
             waiter.set_result(None)
 
     async def _wait(self, until: float | None) -> None:
-        """Wait for a body, a real-time wait of workflow code, the lease, or ``until`` (store clock)."""
+        """Wait for a body, the lease, or ``until`` (store clock)."""
         if self._woken:
             self._woken = False
             return

@@ -12,11 +12,14 @@ loop passes concurrent branches need to settle.
 What workflow code may await on this loop: runifold calls (their futures are
 resolved by the driver), asyncio's coordination primitives (``gather``,
 ``wait``, ``as_completed``, ``TaskGroup``, ``Event``, ``Queue``, ``Lock``, ...),
-and two *real-time* waits, which the loop forwards to the worker's loop:
-``asyncio.sleep``/timeouts (``call_at``) and ``asyncio.to_thread``
-(``run_in_executor``). While one of those is outstanding the workflow is not
-idle: the driver waits for it rather than suspending or judging divergence.
-Sockets and subprocesses are not available: I/O belongs in steps.
+and asyncio's timers (``asyncio.sleep``, the timeouts of ``wait_for``,
+``timeout`` and ``wait``): every ``call_at`` is a *durable timer*, a call of
+the driver's like ``ctx.sleep``, recorded when it starts and when it fires, so
+a replay fires it at its recorded place among the other outcomes. Nothing on
+this loop waits for real time, so "no workflow task can run" is a fact the
+driver sees. ``asyncio.to_thread`` (``run_in_executor``), sockets and
+subprocesses are refused: their results and timing are not recorded, so that
+work belongs in steps.
 
 Every task created on this loop gets the next child *scope* of the task that
 created it (see :mod:`runifold.dsl._context`), so call keys are the same on
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -54,18 +58,17 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
     """A deterministic loop for one run's workflow code, nested in the worker's loop.
 
     Args:
-        outer: the worker's running loop (bodies, commits and real time live there).
+        outer: the worker's running loop (bodies and commits live there).
         activity: called on the outer loop when something outside workflow code
-            made a workflow task runnable (a real-time wait ended).
+            made a workflow task runnable (a callback from another thread).
     """
 
     def __init__(self, outer: asyncio.AbstractEventLoop, activity: Callable[[], None]) -> None:
         self._outer = outer
         self._activity = activity
         self._ready: collections.deque[asyncio.Handle] = collections.deque()
-        self._timers: dict[asyncio.TimerHandle, asyncio.TimerHandle] = {}
-        #: executor jobs (``asyncio.to_thread``) not yet finished
-        self._jobs = 0
+        #: the durable timers of asyncio's timer handles not yet fired or cancelled: how to cancel each
+        self._timers: dict[asyncio.TimerHandle, Callable[[], None]] = {}
         self._closed = False
         self._stepping = False
         #: every task created on this loop that has not finished (strong references)
@@ -98,19 +101,12 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         """Workflow code is runnable (the driver resolved a call or started a task)."""
         return bool(self._ready)
 
-    @property
-    def waiting_in_real_time(self) -> bool:
-        """A workflow task awaits ``asyncio.sleep``, a timeout or ``asyncio.to_thread``."""
-        return bool(self._timers) or self._jobs > 0
-
     def start(self, coro: Coroutine[Any, Any, Any], binding: Binding, ctx: contextvars.Context) -> asyncio.Task[Any]:
         """Create the workflow's root task in ``ctx`` (a context of its own), bound to ``binding``."""
         ctx.run(current.set, binding)
         return self._task(coro, ctx, None)
 
     def close(self) -> None:
-        for outer in self._timers.values():
-            outer.cancel()
         self._timers.clear()
         self._ready.clear()
         self._closed = True
@@ -128,21 +124,25 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
     def call_at(self, when: float, callback: Callable[..., Any], *args: Any,
                 context: contextvars.Context | None = None) -> asyncio.TimerHandle:
-        # real time: the worker's loop keeps the timer, and wakes the driver when it is due
+        # invariant: a timer of workflow code is a durable timer of the task that set it (its scope names
+        # it), due after the same delay on the store's clock; it fires when the driver resolves it
+        binding = current.get()
+        if binding is None:
+            raise RuntimeError("a timer set outside the workflow's tasks")  # asyncio's own code never does
         handle = asyncio.TimerHandle(when, callback, args, self, context)
         handle._scheduled = True  # type: ignore[attr-defined]
-        self._timers[handle] = self._outer.call_at(when, self._timer_due, handle)
+        self._timers[handle] = binding.driver.timer(binding.scope, when - self.time(),
+                                                    functools.partial(self._fire, handle))
         return handle
 
-    def _timer_due(self, handle: asyncio.TimerHandle) -> None:
+    def _fire(self, handle: asyncio.TimerHandle) -> None:
         if self._timers.pop(handle, None) is not None and not handle._cancelled:
             self._ready.append(handle)
-            self._activity()
 
     def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
-        outer = self._timers.pop(handle, None)
-        if outer is not None:
-            outer.cancel()
+        cancel = self._timers.pop(handle, None)
+        if cancel is not None:
+            cancel()
 
     def call_soon_threadsafe(self, callback: Callable[..., Any], *args: Any,
                              context: contextvars.Context | None = None) -> asyncio.Handle:
@@ -156,28 +156,10 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
             self._activity()
 
     def run_in_executor(self, executor: Any, func: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        job = self._outer.run_in_executor(executor, func, *args)
-        inner = self.create_future()
-        self._jobs += 1
-
-        def finished(done: asyncio.Future[Any]) -> None:
-            self._jobs -= 1
-            if self._closed:
-                return
-            if inner.done():
-                pass  # the task that awaited it was cancelled meanwhile
-            elif done.cancelled():
-                inner.cancel()
-            elif done.exception() is not None:
-                inner.set_exception(done.exception())  # type: ignore[arg-type]
-            else:
-                inner.set_result(done.result())
-            # invariant: the driver hears of every job that ends, even one nobody awaits any more: it may be
-            # waiting only because this job was outstanding
-            self._activity()
-
-        job.add_done_callback(finished)
-        return inner
+        raise NotImplementedError(
+            "asyncio.to_thread (run_in_executor) is not available in workflow code: neither its result nor when "
+            "it ends is recorded, so a replay could not see what the live run saw; do blocking work in a @step "
+            "(a plain `def` step runs in a thread of its own)")
 
     def time(self) -> float:
         return self._outer.time()

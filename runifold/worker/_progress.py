@@ -364,9 +364,9 @@ class LiveProgress:
     async def _launch(self) -> None:
         """Start the queued bodies.
 
-        A body that is the only thing this run could do meanwhile (no other body in flight, no
-        real-time wait in workflow code, nothing with a due time, no outcome yet to be committed or handed
-        over, no workflow task ready) runs right here, in the driver's task:
+        A body that is the only thing this run could do meanwhile (no other body in flight, nothing with
+        a due time, no outcome yet to be committed or handed over, no workflow task ready) runs right here,
+        in the driver's task:
         nothing else could progress while it runs, and the hand-off to a task of its own and back
         would cost loop passes that hold up this run's next commit. Others run as tasks.
         """
@@ -375,7 +375,7 @@ class LiveProgress:
         # say) means workflow code has more to do meanwhile, so the body must not hold the driver
         loop = self._loop
         alone = (len(starts) == 1 and not self._bodies and not self._resolutions and not self._outbox
-                 and not loop.has_ready and not loop.waiting_in_real_time)
+                 and not loop.has_ready)
         if alone and self._next_due() is None:
             start = starts[0]
             value: Any = None

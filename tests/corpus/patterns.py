@@ -310,13 +310,14 @@ async def nested_gather(ctx: WorkflowContext, n: int) -> list[Any]:
     return [list(x) if isinstance(x, list) else x for x in outer]
 
 
-@workflow("real-time-siblings")
-async def real_time_siblings(ctx: WorkflowContext, n: int) -> list[Any]:
+@workflow("timer-siblings")
+async def timer_siblings(ctx: WorkflowContext, n: int) -> list[Any]:
+    """Branches between recorded calls on asyncio's timers (durable) and an Event."""
     ready = asyncio.Event()
 
-    async def threaded() -> int:
+    async def timed() -> int:
         first = await add(ctx.run_id, "rt-a1", n)
-        await asyncio.to_thread(time.sleep, 0.03)
+        await asyncio.sleep(0.03)
         ready.set()
         return await add(ctx.run_id, "rt-a2", first)
 
@@ -329,7 +330,7 @@ async def real_time_siblings(ctx: WorkflowContext, n: int) -> list[Any]:
         await ready.wait()
         return await add(ctx.run_id, "rt-c1", n)
 
-    results = await asyncio.gather(threaded(), sleeper(), evented())
+    results = await asyncio.gather(timed(), sleeper(), evented())
     await ctx.wait_signal("go")
     return list(results)
 
@@ -456,7 +457,7 @@ async def abandoned_effects(ctx: WorkflowContext, n: int) -> list[Any]:
 
 
 WORKFLOWS = [try_finally, async_with, gather_values, return_exceptions, task_group, first_completed, as_completed,
-             nested_gather, real_time_siblings, retry_and_timer, values, typed, effects_and_timeouts,
+             nested_gather, timer_siblings, retry_and_timer, values, typed, effects_and_timeouts,
              cancelled_calls, abandoned_effects]
 SIGNALS = ("go",)
 registry = WorkflowRegistry(*(WorkflowDefinition(fn, Budget(max_cost_units=100), signals={"go": {"*"}})

@@ -6,7 +6,8 @@ A shape is JSON, so hypothesis can generate it and a run records it:
   ``k >= 3`` makes it fail for good, raising ``StepFailedError`` into the workflow);
 * ``{"wait": "go"}``: a signal wait; ``{"sleep": ms}``: a durable timer;
 * ``{"value": "uuid" | "now" | "random"}`` and ``{"charge": n}``: recorded values;
-* ``{"thread": ms}`` / ``{"asleep": ms}``: real-time waits (``asyncio.to_thread``, ``asyncio.sleep``);
+* ``{"asleep": ms}``: ``asyncio.sleep`` (a durable timer too); ``{"within": ms, "do": shape}``: ``shape``
+  under ``asyncio.wait_for`` (its timer is durable; a timeout cancels what is left of ``shape``);
 * ``{"seq": [shape, ...]}``: one after another; ``{"gather": [shape, ...], "rx": bool}``: concurrently
   (``rx``: ``return_exceptions=True``); ``{"group": [shape, ...]}``: an ``asyncio.TaskGroup``.
 """
@@ -14,7 +15,6 @@ A shape is JSON, so hypothesis can generate it and a run records it:
 from __future__ import annotations
 
 import asyncio
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -56,9 +56,12 @@ async def perform(ctx: WorkflowContext, node: dict[str, Any], trace: list[str]) 
     if "charge" in node:
         ctx.charge(node["charge"])
         return "charged"
-    if "thread" in node:
-        await asyncio.to_thread(time.sleep, node["thread"] / 1000)
-        return "threaded"
+    if "within" in node:
+        try:
+            return await asyncio.wait_for(perform(ctx, node["do"], trace), node["within"] / 1000)
+        except TimeoutError:
+            trace.append(f"timeout{node['within']}")
+            return "timed out"
     if "asleep" in node:
         await asyncio.sleep(node["asleep"] / 1000)
         return "asleep"

@@ -38,7 +38,6 @@ leaves = st.one_of(
     st.builds(lambda ms: {"sleep": ms}, st.sampled_from([0, 20, 80])),
     st.builds(lambda kind: {"value": kind}, st.sampled_from(["uuid", "now", "random"])),
     st.just({"charge": 1}),
-    st.builds(lambda ms: {"thread": ms}, st.sampled_from([0, 10])),
     st.builds(lambda ms: {"asleep": ms}, st.sampled_from([0, 10])),
 )
 
@@ -46,6 +45,7 @@ leaves = st.one_of(
 def _branches(children: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
     many = st.lists(children, min_size=1, max_size=4)
     return st.one_of(
+        st.builds(lambda ms, x: {"within": ms, "do": x}, st.sampled_from([5, 50]), children),
         st.builds(lambda xs: {"seq": xs}, many),
         st.builds(lambda xs, rx: {"gather": xs, "rx": rx}, many, st.booleans()),
         st.builds(lambda xs: {"group": xs}, many),

@@ -148,7 +148,18 @@ async def test_gather_with_return_exceptions_never_sees_a_suspension(store: Any)
     assert isinstance(done, Completed) and done.output == ["StepFailedError", "{'ok': 1}", "1", "1"]
 
 
-# -- 4. siblings awaiting real time never make unchanged code diverge --------------------------------
+# -- 4. siblings awaiting asyncio's timers never make unchanged code diverge --------------------------
+
+
+async def until_waiting_for_signal(store: Any, definition: WorkflowDefinition) -> None:
+    """Run executions (the run suspends on its short timers on the way) until the run waits for a signal."""
+    for _ in range(100):
+        outcome = await worker(store, definition).run_once()
+        if isinstance(outcome, Suspended) and outcome.signals:
+            return
+        assert isinstance(outcome, (Suspended, Idle)), outcome
+        await asyncio.sleep(0.02)
+    raise AssertionError("the run never came to wait for a signal")
 
 
 @workflow("real-time")
@@ -157,7 +168,7 @@ async def real_time(ctx: WorkflowContext) -> list[int]:
 
     async def a() -> int:
         first = await count("a1")
-        await asyncio.to_thread(lambda: None)
+        await asyncio.sleep(0.01)
         gate.set()
         return first + await count("a2")
 
@@ -173,15 +184,85 @@ async def real_time(ctx: WorkflowContext) -> list[int]:
 
 
 async def test_siblings_awaiting_real_time_replay_without_divergence(store: Any) -> None:
-    """Branches that await to_thread, asyncio.sleep or an Event between recorded calls replay cleanly, every time."""
+    """Branches that await asyncio.sleep or an Event between recorded calls replay cleanly, every time."""
     definition = WorkflowDefinition(real_time, signals={"go": {"*"}})
     await store.enqueue(WorkflowTask("real-time", 1, {}, checkpoint_id="r1"))
-    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await until_waiting_for_signal(store, definition)
     await send_signal(store, "r1", "go", "s1")
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output == [2, 2]
     for _ in range(5):
         assert not await replay_problems(store, WorkflowRegistry(definition), "r1", done.output)
+
+
+@step()
+async def runs_for(seconds: float, name: str) -> str:
+    calls[name] += 1
+    await asyncio.sleep(seconds)
+    return name
+
+
+@workflow("timers-race-steps")
+async def timers_race_steps(ctx: WorkflowContext) -> list[str]:
+    out: list[str] = []
+    task = asyncio.create_task(runs_for(0.3, "outlives"))
+    done, _ = await asyncio.wait([task], timeout=0.05)  # never cancels: the step runs on, and is recorded
+    out.append(await task)
+    if not done:
+        out.append(await runs_for(0, "late"))
+
+    async def timer_branch() -> None:
+        await asyncio.sleep(0.05)
+        out.append("timer")
+
+    async def step_branch() -> None:
+        out.append(await runs_for(0.3, "slow"))
+
+    await asyncio.gather(timer_branch(), step_branch())
+    inner = asyncio.ensure_future(runs_for(0.3, "shielded"))
+    try:
+        await asyncio.wait_for(asyncio.shield(inner), 0.05)
+    except TimeoutError:
+        out.append("shield timed out")
+    out.append(await inner)
+    await ctx.wait_signal("go")  # the rest replays, from another execution
+    return out
+
+
+async def test_asyncio_timers_are_durable_and_replay_in_their_recorded_place(store: Any) -> None:
+    """asyncio's timers (wait's timeout, sleep, wait_for around a shield) fire live while steps run on, and a
+    replay fires each at its recorded place among the steps' outcomes: the run continues from another execution
+    down the same branches, each step ran once, and the completed run replays to the same result (found by
+    helper-19: as real-time waits, the replay handed the steps' outcomes over first and took other branches)."""
+    definition = WorkflowDefinition(timers_race_steps, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("timers-race-steps", 1, {}, checkpoint_id="tr1"))
+    await until_waiting_for_signal(store, definition)
+    expected = ["outlives", "late", "timer", "slow", "shield timed out", "shielded"]
+    assert set(await keys(store, "tr1", "timer_fired")) == {"timer#1", "2/timer#1", "timer#2"}
+    await send_signal(store, "tr1", "go", "g1")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == expected
+    assert calls == Counter({"outlives": 1, "late": 1, "slow": 1, "shielded": 1})
+    for _ in range(3):
+        assert not await replay_problems(store, WorkflowRegistry(definition), "tr1", done.output)
+
+
+@workflow("threaded")
+async def threaded(ctx: WorkflowContext) -> str:
+    try:
+        return await asyncio.to_thread(lambda: "computed")
+    except NotImplementedError as exc:
+        return str(exc)
+
+
+async def test_asyncio_to_thread_is_refused_in_workflow_code(store: Any) -> None:
+    """Neither the result of asyncio.to_thread nor when it ends is recorded, so workflow code cannot use it: the
+    error says to do blocking work in a step."""
+    await store.enqueue(WorkflowTask("threaded", 1, {}, checkpoint_id="th1"))
+    done = await worker(store, WorkflowDefinition(threaded)).run_once()
+    assert isinstance(done, Completed)
+    assert "asyncio.to_thread (run_in_executor) is not available in workflow code" in done.output
+    assert "do blocking work in a @step" in done.output
 
 
 # -- 5. live values equal replayed values; what cannot round-trip is refused at the call -------------
@@ -638,10 +719,8 @@ async def fails_slowly(name: str) -> int:
 
 @workflow("thread-beside-a-failure")
 async def thread_beside_a_failure(ctx: WorkflowContext) -> list[Any]:
-    import time as _time
-
     async def threaded_then_timer() -> None:
-        await asyncio.to_thread(_time.sleep, 0.05)
+        await asyncio.sleep(0.05)  # a durable timer: the sibling's first attempt fails meanwhile
         await ctx.sleep(timedelta(hours=1))  # recorded as started before the sibling's failure
 
     failed: list[Any] = []
@@ -655,9 +734,9 @@ async def thread_beside_a_failure(ctx: WorkflowContext) -> list[Any]:
 
 
 async def test_an_outcome_waits_for_calls_the_live_run_made_before_it(store: Any) -> None:
-    """A branch in asyncio.to_thread reached a timer before its sibling failed for good; a replay hands the
-    failure over only once that branch has made the call (in real time), so the TaskGroup cancels it at the
-    same point, and a replay never hangs on a thread whose awaiting task was cancelled."""
+    """A branch behind an asyncio timer reached a durable sleep before its sibling failed for good; a replay
+    hands the failure over only once that branch has made the call, so the TaskGroup cancels it at the same
+    point."""
     definition = WorkflowDefinition(thread_beside_a_failure)
     await store.enqueue(WorkflowTask("thread-beside-a-failure", 1, {}, checkpoint_id="f1"))
     done = await worker(store, definition).run_once()
@@ -697,20 +776,26 @@ async def test_timers_and_waits_the_code_stops_waiting_for_are_cancelled(store: 
 
     definition = WorkflowDefinition(abandoned_waits, signals={"go": {"*"}})
     await store.enqueue(WorkflowTask("abandoned-waits", 1, {}, checkpoint_id="a1"))
-    assert isinstance(await worker(store, definition).run_once(), Suspended)
-    history = await entries(store, "a1")
-    cancelled = [(e.event.key, e.event.kind) for e in history if isinstance(e.event, CallCancelled)]
+    for _ in range(100):  # the timeouts are durable timers: the run suspends until each is due
+        assert isinstance(await worker(store, definition).run_once(), (Suspended, Idle))
+        history = await entries(store, "a1")
+        cancelled = [(e.event.key, e.event.kind) for e in history if isinstance(e.event, CallCancelled)]
+        if len(cancelled) == 2:
+            break
+        await asyncio.sleep(0.02)
     assert cancelled == [("1/wait.go#1", "signal"), ("sleep#1", "timer")]
+    assert await keys(store, "a1", "timer_fired") == ["timer#1", "timer#2"]  # the timeouts' timers
     assert [w.key for w in fold(history).waits] == ["wait.go#1"]
     await asyncio.sleep(0.4)  # the abandoned timer's time passes
     assert isinstance(await worker(store, definition).run_once(), Idle)  # nothing is due: the timer does not wake it
     await send_signal(store, "a1", "go", "g1", "approved")
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output == ["no signal in time", "sleep cut short", "approved"]
-    assert "timer_fired" not in await event_types(store, "a1")
+    assert "sleep#1" not in await keys(store, "a1", "timer_fired")
     assert not await replay_problems(store, WorkflowRegistry(definition), "a1", done.output)
     report = await replay_run(store, WorkflowRegistry(definition), "a1")  # the debugger lists what was cancelled
-    assert report.steps == [("1/wait.go#1", "cancelled"), ("sleep#1", "cancelled"), ("wait.go#1", "signal received")]
+    assert report.steps == [("timer#1", "timer fired"), ("1/wait.go#1", "cancelled"), ("timer#2", "timer fired"),
+                            ("sleep#1", "cancelled"), ("wait.go#1", "signal received")]
 
 
 @workflow("as-completed-unordered")

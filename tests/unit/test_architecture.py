@@ -52,7 +52,7 @@ def test_public_api_is_pinned() -> None:
         "Authenticator", "Budget", "BudgetExceededError", "CapabilityDeniedError", "CapabilitySet", "Checkpoint", "ChildFailedError", "ChildHandle", "Client", "Completed",
         "ConcurrencyLimit", "ConfigurationError", "DefinitionUnavailable", "EffectFailedError", "EffectOutcomeUnknown",
         "EnqueueConflictError", "Evidence", "Failed", "HmacKeyRing", "Idle", "InvalidInputError", "InvalidStateError",
-        "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "Phase",
+        "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "OutsideWorkflowError", "Phase",
         "RegistrationError", "ReplayReport", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailedError", "RunFailure", "RunHandle", "RunInfo",
         "RunNotFoundError", "RunStatus", "RunifoldError", "Schedule", "ScheduleInfo", "ScheduleNotFoundError",
         "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalLimits", "SignalRejectedError",
