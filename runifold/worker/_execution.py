@@ -276,6 +276,8 @@ class Execution(LiveProgress, Replaying):
 
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         key = scope.key(kind)
+        if self._closing:
+            return make()  # the run is suspended or over: nothing is recorded (see _register)
         events = self._visit(key, CallKind.VALUE)
         if events:
             event = events[0]
@@ -287,7 +289,7 @@ class Execution(LiveProgress, Replaying):
 
     def charge(self, scope: Scope, units: float) -> None:
         key = scope.key("charge")
-        if self._visit(key, CallKind.CHARGE):
+        if self._closing or self._visit(key, CallKind.CHARGE):
             return
         budget = self.definition.budget.max_cost_units
         if budget is not None and self.usage.cost_units + units > budget:
@@ -299,8 +301,6 @@ class Execution(LiveProgress, Replaying):
     # -- registration ---------------------------------------------------------------------
 
     def _visit(self, key: str, kind: CallKind) -> list[AnyEvent]:
-        if self._closing:
-            raise asyncio.CancelledError()  # the run is suspended or over: nothing runs, nothing is recorded
         if self._divergence is not None:
             return []
         try:
@@ -311,6 +311,15 @@ class Execution(LiveProgress, Replaying):
 
     def _register(self, key: str, kind: CallKind, returns: Any, **fields: Any) -> Call:
         """Register a call made by workflow code; its future is resolved by the driver only."""
+        if self._closing:
+            # invariant: while the run is suspended or over, no call runs, records or raises anything at once;
+            # the task that made a durable call is cancelled at its await. So workflow code that swallows every
+            # cancellation (a retry loop around a wait) still yields at each wait, and the teardown's bounded
+            # passes end
+            task = asyncio.current_task()
+            if task is not None:
+                task.cancel()
+            return Call(key, kind, self._loop.create_future(), returns, **fields)
         events = self._visit(key, kind)
         call = Call(key, kind, self._loop.create_future(), returns, **fields)
         if self._divergence is not None:
@@ -720,18 +729,19 @@ class Execution(LiveProgress, Replaying):
             self.log.warning("release_failed", error=str(exc))
 
     def _teardown(self) -> None:
-        """Unwind workflow code after the run's last commit; durable calls made meanwhile raise CancelledError."""
+        """Unwind workflow code after the run's last commit; a durable call made meanwhile cancels its task."""
         self._closing = True
         loop = getattr(self, "_loop", None)
         if loop is None:
             return
         for task in list(loop.tasks):
             task.cancel()
-        for _ in range(100):  # bounded: a task that swallows every cancellation is left behind
-            loop.run_ready()
-            if not loop.has_ready:
-                break
+        loop.run_ready(passes=_TEARDOWN_PASSES)  # bounded: a task that swallows every cancellation is left behind
         loop.close()
+
+
+#: how many loop passes workflow code gets to unwind after the run's last commit
+_TEARDOWN_PASSES = 100
 
 
 def _settle(future: asyncio.Future[None]) -> None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import ctypes
 import functools
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -52,6 +53,12 @@ _SET_ORDERED = frozenset(
 )
 #: frames between create_task and as_completed's: ensure_future, _ensure_future and the set comprehension
 _FRAMES_TO_AS_COMPLETED = 6
+
+#: coroutines of workflow tasks left behind (they caught every cancellation), kept so that they are never
+#: resumed: Python resumes a coroutine to finalize it (GeneratorExit), wherever that happens, and code that
+#: catches that too would make its calls outside its run. The list itself is never freed, not even at exit.
+_STUCK: list[Any] = []
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_STUCK))
 
 
 class WorkflowLoop(asyncio.AbstractEventLoop):
@@ -79,8 +86,9 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
     # -- what the driver uses ---------------------------------------------------------
 
-    def run_ready(self) -> None:
-        """Run workflow code until no workflow task is runnable."""
+    def run_ready(self, passes: int | None = None) -> None:
+        """Run workflow code until no workflow task is runnable, or for at most ``passes`` passes (a pass runs
+        what was ready when it began)."""
         if not self._ready:
             return
         outer = asyncio.events._get_running_loop()
@@ -88,6 +96,13 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._stepping = True
         try:
             ready = self._ready
+            if passes is not None:
+                for _ in range(passes):
+                    for _ in range(len(ready)):
+                        handle = ready.popleft()
+                        if not handle._cancelled:
+                            handle._run()
+                return
             while ready:
                 handle = ready.popleft()
                 if not handle._cancelled:
@@ -107,9 +122,15 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         return self._task(coro, ctx, None)
 
     def close(self) -> None:
+        """Stop: nothing more runs. A task still pending (it swallowed every cancellation) is left behind."""
         self._timers.clear()
         self._ready.clear()
         self._closed = True
+        for task in self.tasks:
+            _STUCK.append(task.get_coro())
+            log.warning("workflow_task_left_behind", task=task.get_name(),
+                        hint="workflow code caught the cancellation of the run's suspension or end every time")
+        self.tasks.clear()
 
     # -- scheduling ------------------------------------------------------------------
 

@@ -119,6 +119,42 @@ async def test_a_finally_block_does_not_run_its_step_when_the_run_suspends(store
     assert calls["cleanup"] == 1
 
 
+@workflow("swallows-cancellation")
+async def swallows_cancellation(ctx: WorkflowContext) -> list[str]:
+    done: list[str] = []
+    while len(done) < 2:  # a retry loop that catches everything, the cancellation of a suspension too
+        try:
+            ctx.now()  # a value drawn while the run unwinds records nothing and raises nothing
+            if done:
+                await asyncio.sleep(0.05)
+                done.append("napped")
+            else:
+                await ctx.sleep(timedelta(milliseconds=50))
+                done.append("slept")
+        except BaseException:
+            calls["swallowed"] += 1
+            continue
+    return done
+
+
+async def test_a_task_that_swallows_the_cancellation_of_a_suspension_does_not_hold_the_worker(store: Any) -> None:
+    """Workflow code that catches the CancelledError of a suspension and waits again, forever: each wait it
+    makes meanwhile cancels it again at its await (no step runs, nothing is recorded), the teardown gives up
+    after a bounded number of passes, and the execution returns; it spun in one loop pass, holding the worker's
+    event loop (SIGTERM ignored; helper-18)."""
+    definition = WorkflowDefinition(swallows_cancellation)
+    await store.enqueue(WorkflowTask("swallows-cancellation", 1, {}, checkpoint_id="sw1"))
+    outcome = await asyncio.wait_for(worker(store, definition).run_once(), 10)
+    assert isinstance(outcome, Suspended) and calls["swallowed"] > 1
+    assert await event_types(store, "sw1") == ["run_started", "value_recorded", "timer_started"]
+    for _ in range(100):
+        outcome = await asyncio.wait_for(worker(store, definition).run_once(), 10)
+        if isinstance(outcome, Completed):
+            break
+        await asyncio.sleep(0.03)
+    assert isinstance(outcome, Completed) and outcome.output == ["slept", "napped"]
+
+
 # -- 3. return_exceptions=True sees only the workflow's own exceptions ------------------------------
 
 
