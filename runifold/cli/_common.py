@@ -25,6 +25,8 @@ DEFAULT_STORE = "sqlite:///runifold-workflows.db"
 
 #: the longest duration a seconds flag takes (about 31 years): beyond it a timedelta overflows
 MAX_SECONDS = 1e9
+#: the largest workflow version a flag takes (a PostgreSQL integer)
+MAX_VERSION = 2**31 - 1
 
 __all__ = ["DEFAULT_STORE", "UsageError", "clip", "compact", "emit_json", "operator", "parse_json", "positive_int",
            "printable", "registry_of", "seconds", "store_of", "table", "when"]
@@ -89,7 +91,11 @@ def parse_json(text: str, what: str) -> Any:
     try:
         return msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
-        if _lone_surrogate(text):
+        problem = _stdlib_only(text)
+        if problem == "non-finite":
+            raise UsageError(f"{what} holds NaN or an infinity, which JSON cannot represent (and runifold does not "
+                             "record); use null or a string for a missing or unbounded number") from exc
+        if problem == "surrogate":
             raise UsageError(f"{what} holds a \\u escape of a lone surrogate (half of a UTF-16 pair), which is not "
                              "valid Unicode; write the character itself, or both halves of its pair") from exc
         raise UsageError(f"{what} is not valid JSON ({exc}); quote it for the shell, e.g. '{{\"order_id\": \"o1\"}}'") from exc
@@ -97,13 +103,27 @@ def parse_json(text: str, what: str) -> Any:
         raise UsageError(f"{what} is nested too deeply; pass flatter JSON") from None
 
 
-def _lone_surrogate(text: str) -> bool:
-    """Whether ``text`` is JSON but for a lone surrogate escape (msgspec refuses those; the stdlib reads them)."""
+def _stdlib_only(text: str) -> str | None:
+    """Why the stdlib reads ``text`` as JSON where msgspec refuses it: ``"non-finite"`` (``NaN``, ``Infinity``,
+    or a number too large for a float), ``"surrogate"`` (a lone surrogate escape), or None (it is not JSON)."""
+    non_finite = False
+
+    def constant(name: str) -> float:
+        nonlocal non_finite
+        non_finite = True
+        return math.nan
+
+    def number(literal: str) -> float:
+        nonlocal non_finite
+        value = float(literal)
+        non_finite = non_finite or not math.isfinite(value)
+        return value
+
     try:
-        json.loads(text)
+        json.loads(text, parse_constant=constant, parse_float=number)
     except (ValueError, RecursionError):
-        return False
-    return True
+        return None
+    return "non-finite" if non_finite else "surrogate"
 
 
 def operator() -> str:
@@ -156,6 +176,11 @@ def seconds(value: str) -> float:
     if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{value!r} must be a positive, finite number of seconds up to {MAX_SECONDS:g}")
     return number
+
+
+def version(value: str) -> int:
+    """An argparse type: a workflow version (a whole number from 1)."""
+    return positive_int(MAX_VERSION)(value)  # type: ignore[no-any-return]
 
 
 def positive_int(limit: int) -> Any:

@@ -21,6 +21,7 @@ from runifold.cli._common import (
     parse_json,
     positive_int,
     registry_of,
+    version,
     seconds,
     store_of,
 )
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     enqueue = sub.add_parser("enqueue", help="start a run (idempotent by --checkpoint-id)")
     enqueue.add_argument("name")
-    enqueue.add_argument("version", type=int)
+    enqueue.add_argument("version", type=version)
     enqueue.add_argument("--input", default="{}", help="JSON object of workflow arguments")
     enqueue.add_argument("--checkpoint-id", help="durable identity of the run")
     enqueue.add_argument("--concurrency-key", help="at most --concurrency-limit runs of this key run at once "

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._common import UsageError, emit_json, operator, positive_int, printable, store_of, when
+from runifold.cli._common import UsageError, emit_json, operator, positive_int, printable, store_of, version, when
 from runifold.errors import InvalidStateError
 from runifold.stores import RunStatus
 from runifold.worker import retry_run
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     retry = sub.add_parser("retry", help="continue a failed run from its history (or every failed run of a workflow)")
     retry.add_argument("run", nargs="?", help="run id or checkpoint id of a failed run")
     retry.add_argument("--name", help="retry every failed run of this workflow (with --status failed)")
-    retry.add_argument("--version", type=int, help="with --name: only runs of this version")
+    retry.add_argument("--version", type=version, help="with --name: only runs of this version")
     retry.add_argument("--status", choices=[RunStatus.FAILED.value],
                        help="with --name: which runs (only failed runs can be retried)")
     retry.add_argument("--reason", required=True, help="why: kept in the history")

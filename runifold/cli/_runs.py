@@ -13,6 +13,7 @@ from runifold.cli._common import (
     compact,
     emit_json,
     positive_int,
+    version,
     printable,
     registry_of,
     store_of,
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing = runs_sub.add_parser("list", help="list runs, newest first, a page at a time")
     listing.add_argument("--status", choices=[s.value for s in RunStatus])
     listing.add_argument("--name")
-    listing.add_argument("--version", type=int)
+    listing.add_argument("--version", type=version)
     listing.add_argument("--limit", type=positive_int(MAX_PAGE), default=50, help="runs per page (default 50)")
     listing.add_argument("--after", metavar="RUN_ID", help="the page after this run id (the last one of a page)")
     listing.set_defaults(handler=runs_list)

@@ -7,7 +7,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from runifold.cli._common import UsageError, emit_json, parse_json, registry_of, seconds, store_of, table, when
+from runifold.cli._common import UsageError, emit_json, parse_json, registry_of, seconds, store_of, table, version, when
 from runifold.errors import InvalidInputError
 from runifold.stores import Schedule, ScheduleInfo, WorkflowTask
 from runifold.worker._schedules import due_ticks
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                               "changes nothing)")
     add.add_argument("name", help="1-100 letters, digits and '_.-'")
     add.add_argument("--workflow", required=True, help="the workflow to start")
-    add.add_argument("--version", type=int, required=True, help="the exact version its runs are pinned to")
+    add.add_argument("--version", type=version, required=True, help="the exact version its runs are pinned to")
     when_group = add.add_mutually_exclusive_group()  # not required: RUNIFOLD_CRON or RUNIFOLD_EVERY may give it
     when_group.add_argument("--cron", help="five cron fields, e.g. '*/5 * * * *', or six with seconds first "
                                            "(needs runifold[cron])")

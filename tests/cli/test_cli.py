@@ -24,6 +24,11 @@ def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "Traceback" not in bad.stderr
     surrogate = cli("enqueue", "steps", "1", "--input", '{"n": "\\ud800"}')  # found by helper-15: "truncated"
     assert surrogate.returncode == 2 and "lone surrogate" in surrogate.stderr and "truncated" not in surrogate.stderr
+    for number in ("NaN", "Infinity", "-Infinity", "1e999"):  # found by helper-18: "lone surrogate"
+        refused = cli("enqueue", "steps", "1", "--input", f'{{"n": {number}}}')
+        assert refused.returncode == 2 and "holds NaN or an infinity" in refused.stderr, refused.stderr
+    zero = cli("enqueue", "steps", "0", "--input", '{"n": 1}')  # a bad value is usage (2), as the README says
+    assert zero.returncode == 2 and "'0' must be from 1 to" in zero.stderr, zero.stderr
     missing = cli("enqueue", "steps", "1", "--input", "{}")
     assert missing.returncode == 1 and "missing ['n']" in missing.stderr
 
