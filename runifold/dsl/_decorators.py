@@ -49,6 +49,16 @@ def _check_callable(fn: Callable[..., Any], what: str) -> None:
         raise ConfigurationError(f"@{what} needs an `async def` or a plain `def` function, got {fn!r}")
 
 
+def _may_be_context(annotation: Any) -> bool:
+    """Whether a first parameter annotated so can be the WorkflowContext (unannotated, or annotated as it)."""
+    from runifold.dsl._context import WorkflowContext
+
+    if annotation is inspect.Parameter.empty or annotation is Any or annotation is WorkflowContext:
+        return True
+    # postponed annotations are strings: the class's name, however it was imported
+    return isinstance(annotation, str) and annotation.rpartition(".")[2] in ("WorkflowContext", "Any")
+
+
 def _check_id(value: str, what: str) -> str:
     if not isinstance(value, str) or not _ID.match(value):
         raise ConfigurationError(
@@ -89,8 +99,10 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[
     def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         _check_async(fn, "workflow")
         params = positional_params(fn, 0)
-        if not params:
-            raise ConfigurationError(f"workflow {name!r} must take the WorkflowContext as its first parameter")
+        if not params or not _may_be_context(inspect.signature(fn).parameters[params[0]].annotation):
+            raise ConfigurationError(
+                f"workflow {name!r} must take the WorkflowContext as its first parameter, then its input, e.g. "
+                f"async def {getattr(fn, '__name__', 'fn')}(ctx: WorkflowContext, order_id: str)")
         setattr(fn, WORKFLOW_ATTR, WorkflowSpec(name, version, fn, params[1:]))
         return fn
 

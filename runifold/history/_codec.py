@@ -12,6 +12,7 @@ give back an equal value (NaN, a tuple or set without an annotation, a
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import sys
 import typing
@@ -75,7 +76,12 @@ def encode_value(value: Any, *, what: str | Callable[[], str]) -> bytes:
     except (RecursionError, *_ENCODE_ERRORS) as exc:
         problem = exc
     cause = None if isinstance(problem, RecursionError) else problem
-    raise _unencodable(problem, what if isinstance(what, str) else what()) from cause
+    name = what if isinstance(what, str) else what()
+    if inspect.iscoroutine(value):
+        value.close()  # it will never run: said here, rather than by Python's "never awaited" warning
+        raise SerializationError(f"{name} cannot be recorded: it is a coroutine, what an async call returns before "
+                                 "it is awaited; add the missing `await`") from cause
+    raise _unencodable(problem, name) from cause
 
 
 def _unencodable(exc: BaseException | None, what: str) -> SerializationError:

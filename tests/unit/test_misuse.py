@@ -156,3 +156,40 @@ def test_a_generator_step_is_refused_saying_what_to_return() -> None:
     for fn in (numbers, stream):
         with pytest.raises(ConfigurationError, match=r"is a generator function .* return a list of the items instead"):
             step()(fn)
+
+
+def test_a_workflow_whose_first_parameter_is_not_the_context_is_refused() -> None:
+    """@workflow accepted `async def f(order_id: str)`; starting it then said its parameters were [] (helper-18)."""
+
+    async def no_ctx(order_id: str) -> str:
+        return order_id
+
+    with pytest.raises(ConfigurationError, match=r"must take the WorkflowContext as its first parameter, then its "
+                                                 r"input, e.g. async def no_ctx\(ctx: WorkflowContext, order_id: str\)"):
+        workflow("no-ctx")(no_ctx)
+
+    async def unannotated(ctx, order_id: str) -> str:  # type: ignore[no-untyped-def]
+        return order_id
+
+    async def annotated(ctx: WorkflowContext, order_id: str) -> str:
+        return order_id
+
+    assert workflow("unannotated")(unannotated) is unannotated
+    assert workflow("annotated")(annotated) is annotated
+
+
+async def test_returning_a_call_without_await_says_await_is_missing() -> None:
+    """The un-awaited step's coroutine returned as the result was 'not JSON-serialisable' (helper-18)."""
+
+    @step()
+    async def ship(order_id: str) -> str:
+        return order_id
+
+    @workflow("forgets")
+    async def forgets(ctx: WorkflowContext) -> Any:
+        return ship("o1")
+
+    async with WorkflowEnvironment(WorkflowDefinition(forgets)) as env:
+        run = await env.start(forgets, {})
+        with pytest.raises(RunFailedError, match=r"it is a coroutine, .* add the missing `await`"):
+            await env.result(run)
