@@ -14,11 +14,12 @@ from typing import Any
 
 import msgspec
 
-from runifold.errors import SerializationError
+from runifold.errors import ConfigurationError, SerializationError
 from runifold.history import encode_value
 
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
+from runifold.stores._open import sqlite_path
 from runifold.worker import WorkflowRegistry
 
 DEFAULT_STORE = "sqlite:///runifold-workflows.db"
@@ -36,17 +37,6 @@ class UsageError(Exception):
     """Bad command-line input or configuration: exit code 2."""
 
 
-def sqlite_path(url: str) -> str | None:
-    """The file a SQLite store URL names (as :func:`runifold.open_store` reads it), or None for other stores."""
-    if url.startswith("sqlite://"):
-        path = url.removeprefix("sqlite://").partition("?")[0]
-        return path[1:] if path.startswith("/") else path
-    if not url.startswith(("postgresql://", "postgres://")) and url != "memory:" \
-            and url.endswith((".db", ".sqlite", ".sqlite3")):
-        return url
-    return None
-
-
 async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: bool = False) -> WorkflowStore:
     """Open the store of ``--store``.
 
@@ -55,7 +45,10 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
     exist, so a mistyped path is an error, not an empty store. Commands that
     only read (``readonly``) open a SQLite file read-only.
     """
-    path = sqlite_path(args.store)
+    try:
+        path = sqlite_path(args.store)
+    except ConfigurationError as exc:
+        raise UsageError(f"--store: {exc}") from None
     if path is not None and not create and not os.path.exists(path):
         action = "reads" if readonly else "changes"
         raise UsageError(f"no SQLite store at {path}: `runifold {args.command}` {action} an existing store and never "

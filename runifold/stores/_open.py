@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -9,6 +10,10 @@ from runifold.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from runifold.stores._protocol import WorkflowStore
+
+
+#: what starts a URL (a scheme of two letters or more: ``C:`` is a drive), as in ``sqllite:///a.db``
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 
 async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
@@ -24,16 +29,6 @@ async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
     exist at this runifold's version, is never created or migrated, and every
     transaction is read-only. The memory store ignores it.
     """
-    if url.startswith("sqlite://"):
-        from runifold.stores.sqlite import SqliteWorkflowStore
-
-        path, _, query = url.removeprefix("sqlite://").partition("?")
-        options = parse_qs(query)
-        unknown = set(options) - {"mode"}
-        if unknown or options.get("mode", ["rw"])[-1] not in ("ro", "rw", "rwc"):
-            raise ConfigurationError(f"unrecognised SQLite URL options {query!r}; the one option is ?mode=ro")
-        readonly = readonly or options.get("mode", [""])[-1] == "ro"
-        return await SqliteWorkflowStore.open(path[1:] if path.startswith("/") else path, readonly=readonly)
     if url.startswith(("postgresql://", "postgres://")):
         from runifold.stores.postgres import PostgresWorkflowStore
 
@@ -42,10 +37,39 @@ async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
         from runifold.stores.memory import MemoryWorkflowStore
 
         return MemoryWorkflowStore()
-    if url.endswith((".db", ".sqlite", ".sqlite3")):
-        from runifold.stores.sqlite import SqliteWorkflowStore
+    path, read_only_url = _sqlite(url)
+    from runifold.stores.sqlite import SqliteWorkflowStore
 
-        return await SqliteWorkflowStore.open(url, readonly=readonly)
+    return await SqliteWorkflowStore.open(path, readonly=readonly or read_only_url)
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file a SQLite store URL names, None for another store's URL.
+
+    Raises:
+        ConfigurationError: the URL names no store (an unknown scheme, a SQLite URL with two slashes).
+    """
+    if url.startswith(("postgresql://", "postgres://")) or url == "memory:":
+        return None
+    return _sqlite(url)[0]
+
+
+def _sqlite(url: str) -> tuple[str, bool]:
+    """The file a SQLite URL (or a plain path ending in ``.db``) names, and whether it says ``?mode=ro``."""
+    if url.startswith("sqlite://"):
+        path, _, query = url.removeprefix("sqlite://").partition("?")
+        if not path.startswith("/"):
+            raise ConfigurationError(f"a SQLite URL takes three slashes before a relative path and four before an "
+                                     f"absolute one: sqlite:///{path or 'relative.db'} or sqlite:////abs/path.db, "
+                                     f"not {url!r}")
+        options = parse_qs(query)
+        unknown = set(options) - {"mode"}
+        if unknown or options.get("mode", ["rw"])[-1] not in ("ro", "rw", "rwc"):
+            raise ConfigurationError(f"unrecognised SQLite URL options {query!r}; the one option is ?mode=ro")
+        return path[1:], options.get("mode", [""])[-1] == "ro"
+    if url.endswith((".db", ".sqlite", ".sqlite3")) and not _SCHEME.match(url):
+        return url, False
     raise ConfigurationError(
-        f"unrecognised store URL {url!r}; use sqlite:///path.db, postgresql://user@host/db or memory:"
+        f"unrecognised store URL {url!r}; use sqlite:///relative.db, sqlite:////abs/path.db, "
+        "postgresql://user@host/db or memory:"
     )

@@ -158,3 +158,22 @@ async def test_a_later_migration_applies_on_top_of_the_baseline(tmp_path: Path, 
     versions = [v for (v,) in conn.execute("SELECT version FROM runifold_schema ORDER BY version")]
     conn.close()
     assert versions == [1, SCHEMA_VERSION + 1]
+
+
+async def test_a_mistyped_store_url_is_refused_saying_which_forms_there_are(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sqllite:///a.db` and `sqlite:/b.db` were opened as files of those names, and `sqlite://my.db` as a relative
+    path, all created where the command ran (helper-18)."""
+    from runifold.errors import ConfigurationError
+
+    monkeypatch.chdir(tmp_path)
+    for url in ("sqllite:///a.db", "sqlite:/b.db", "postgress://u@h/db"):
+        with pytest.raises(ConfigurationError, match=r"unrecognised store URL .* use sqlite:///relative.db, "
+                                                     r"sqlite:////abs/path.db, postgresql://user@host/db or memory:"):
+            await open_store(url)
+    with pytest.raises(ConfigurationError, match=r"a SQLite URL takes three slashes .* sqlite:///my.db or"):
+        await open_store("sqlite://my.db")
+    assert list(tmp_path.iterdir()) == []
+    store = await open_store("plain.db")  # a plain path ending in .db is a SQLite file, as documented
+    await store.close()
+    assert (tmp_path / "plain.db").exists()
