@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import assert_never
 
 from runifold.errors import NondeterminismError, SerializationError
@@ -216,11 +216,12 @@ class Replayer:
             queue.popleft()
         expected = queue[0] if queue else None
         if expected is not None and expected != key:
+            moved = _in_another_task(key, (k for k in self._kind if k not in self._visited))
             raise NondeterminismError(
                 expected,
                 recorded=f"{self._kind[expected]} call {expected}",
                 called=f"{kind} call {key}",
-                detail="a call was removed, renamed, reordered or inserted",
+                detail=_moved(moved, key) if moved else "a call was removed, renamed, reordered or inserted",
             )
         if recorded_kind is not None and key not in self._visited:
             self._unvisited -= 1
@@ -245,7 +246,20 @@ class Replayer:
 
     def missing(self, key: str, called: str) -> NondeterminismError:
         """The error for recorded ``key`` that the code did not reach; ``called`` says what it did instead."""
+        made = _in_another_task(key, (k for k in self._visited if k not in self._kind))
         return NondeterminismError(
             key, recorded=f"{self._kind[key]} call {key}", called=called,
-            detail="a call was removed or renamed, or the code took another path",
+            detail=_moved(key, made) if made else "a call was removed or renamed, or the code took another path",
         )
+
+
+def _in_another_task(key: str, keys: Iterable[str]) -> str | None:
+    """A key among ``keys`` for the same call as ``key`` (name and number) in another task's scope, if any."""
+    call = key.rpartition("/")[2]
+    return next((k for k in keys if k != key and k.rpartition("/")[2] == call), None)
+
+
+def _moved(recorded: str, made: str) -> str:
+    return (f"the live run made this call as {recorded} and the code now makes it as {made}, in another task: a "
+            "change of code moved it, or a change of Python version (asyncio creates tasks differently from one "
+            "version to the next; 3.11's wait_for runs its awaitable in a task of its own, 3.12's does not)")

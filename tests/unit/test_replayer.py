@@ -110,3 +110,24 @@ def test_changed_code_is_caught_at_the_first_diverging_key(case: tuple[list[str]
         assert report.divergence.key == original[first], (plan, changed, report.divergence)
 
     asyncio.run(check())
+
+
+async def test_a_call_that_moved_to_another_task_is_named_in_the_divergence() -> None:
+    """A call made in a task of its own live and in the workflow's own task now (as 3.11's wait_for and 3.12's
+    differ) named only the next recorded key, or said the workflow had finished (helper-19)."""
+
+    @workflow("moves")
+    async def in_a_task(ctx: WorkflowContext) -> int:
+        return int(await asyncio.create_task(STEPS["a"](1)))
+
+    @workflow("moves")
+    async def inline(ctx: WorkflowContext) -> int:
+        return int(await STEPS["a"](1))
+
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("moves", 1, {}, checkpoint_id="m1"))
+    assert isinstance(await worker(store, WorkflowDefinition(in_a_task)).run_once(), Completed)
+    report = await replay(WorkflowDefinition(inline), "m1", await entries(store, "m1"))
+    assert report.divergence is not None
+    assert "the live run made this call as 1/a#1 and the code now makes it as a#1, in another task" in str(
+        report.divergence), report.divergence
