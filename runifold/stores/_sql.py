@@ -12,7 +12,9 @@ reference has ``{ref}`` where the column goes (``run_id`` or
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from importlib import resources
+from typing import Any
 
 from runifold.errors import StoreError
 
@@ -43,6 +45,12 @@ def queries(dialect: str) -> dict[str, str]:
 def by_ref(statement: str) -> dict[str, str]:
     """The two forms of a statement that looks a run up by reference, keyed by column."""
     return {column: statement.replace("{ref}", column) for column in ("run_id", "checkpoint_id")}
+
+
+def numbered(values: Sequence[Any]) -> dict[str, Any]:
+    """The parameters of a SQLite statement with numbered placeholders (``?1``, ``?2``, ...): sqlite3 binds
+    those by name, and Python 3.12 deprecates (3.14 refuses) a sequence for them."""
+    return {str(n): value for n, value in enumerate(values, 1)}
 
 
 def newer_schema(where: str, found: int, known: int) -> StoreError:

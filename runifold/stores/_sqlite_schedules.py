@@ -13,7 +13,7 @@ from typing import Any
 from runifold.errors import ScheduleNotFoundError
 from runifold.stores import _rule
 from runifold.stores._schedule import Schedule, ScheduleInfo
-from runifold.stores._sql import queries
+from runifold.stores._sql import numbered, queries
 
 Q = queries("sqlite")
 
@@ -38,7 +38,8 @@ def add(conn: sqlite3.Connection, schedule: Schedule, now: float) -> ScheduleInf
     if found is not None and verdict == "unchanged":
         return found
     workflow, version, input_json, cron, every, timezone, catchup = definition
-    conn.execute(Q["put_schedule"], (schedule.name, workflow, version, input_json, cron, every, timezone, catchup, now))
+    conn.execute(Q["put_schedule"], numbered((schedule.name, workflow, version, input_json, cron, every, timezone,
+                                              catchup, now)))
     return _find(conn, schedule.name)
 
 
@@ -59,4 +60,4 @@ def pause(conn: sqlite3.Connection, name: str, paused: bool, now: float) -> Sche
 
 
 def advance(conn: sqlite3.Connection, ticks: Mapping[str, float]) -> None:
-    conn.executemany(Q["advance_schedule"], [(tick, name) for name, tick in sorted(ticks.items())])
+    conn.executemany(Q["advance_schedule"], [numbered((tick, name)) for name, tick in sorted(ticks.items())])

@@ -67,7 +67,7 @@ from runifold.stores._protocol import (
     transition_columns,
 )
 from runifold.stores._schedule import Schedule, ScheduleInfo
-from runifold.stores._sql import by_ref, migrations, newer_schema, queries
+from runifold.stores._sql import by_ref, migrations, newer_schema, numbered, queries
 from runifold.stores._thread import ConnectionThread, Outcome
 
 T = TypeVar("T")
@@ -134,7 +134,7 @@ def _notify_parent(conn: sqlite3.Connection, run_id: str, status: RunStatus, eve
     if not _rule.child_notice(status, parent, last):
         return
     name = _rule.child_signal(run_id)
-    conn.execute(Q["insert_child_signal"], (parent, name, last, _rule.CHILD_SENDER, now))
+    conn.execute(Q["insert_child_signal"], numbered((parent, name, last, _rule.CHILD_SENDER, now)))
     conn.execute(Q["wake_waiter"], (now, parent, name))
 
 
@@ -409,7 +409,7 @@ class SqliteWorkflowStore:
         def op(conn: sqlite3.Connection) -> Claim | None:
             now = self._clock()
             until = now + lease_seconds
-            row = conn.execute(Q["claim"], (owner, until, now, names_json, exclude_json)).fetchone()
+            row = conn.execute(Q["claim"], numbered((owner, until, now, names_json, exclude_json))).fetchone()
             if row is None:
                 return None
             run_id, checkpoint_id, name, version, token, recoveries = row
@@ -570,7 +570,7 @@ class SqliteWorkflowStore:
         after: str | None = None,
     ) -> list[RunInfo]:
         params = (None if status is None else str(status), name, version, after, limit)
-        rows = await self._read(lambda c: c.execute(Q["list_runs"], params).fetchall())
+        rows = await self._read(lambda c: c.execute(Q["list_runs"], numbered(params)).fetchall())
         return [_run_info(r) for r in rows]
 
     async def count_runs(
@@ -579,7 +579,7 @@ class SqliteWorkflowStore:
     ) -> int:
         params = (None if status is None else str(status), name, version, concurrency_key,
                   self._clock() if holding_slot else None)
-        return int((await self._read(lambda c: c.execute(Q["count_runs"], params).fetchone()))[0])
+        return int((await self._read(lambda c: c.execute(Q["count_runs"], numbered(params)).fetchone()))[0])
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
         return await self._read(lambda conn: _history(conn, _find(conn, run_ref)[0]))
