@@ -22,8 +22,8 @@ from runifold.cli._common import (
     when,
 )
 from runifold.dsl import Budget
-from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, StepFailed, decode_event, fold
-from runifold.stores import RunInfo, RunStatus
+from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, SignalReceived, StepFailed, decode_event, fold
+from runifold.stores import AuditRecord, RunInfo, RunStatus
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
 from runifold.worker._admin import child_runs
@@ -111,15 +111,16 @@ async def runs_list(args: argparse.Namespace) -> int:
 
 
 async def _entries(args: argparse.Namespace, run_ref: str) -> tuple[RunInfo, list[Entry]]:
-    info, entries, _, _ = await _run_and_children(args, run_ref, children=False)
+    info, entries, _, _, _ = await _run_and_children(args, run_ref, children=False)
     return info, entries
 
 
 async def _run_and_children(
     args: argparse.Namespace, run_ref: str, *, children: bool = True
-) -> tuple[RunInfo, list[Entry], dict[str, RunInfo], int]:
-    """A run, its history, and (if asked) its child runs by the key of the call that started each, and how
-    many runs of its concurrency key are running (0 without a key, or when children are not asked for)."""
+) -> tuple[RunInfo, list[Entry], dict[str, RunInfo], int, list[AuditRecord]]:
+    """A run, its history, and (if asked) its child runs by the key of the call that started each, how
+    many runs of its concurrency key are running (0 without a key, or when children are not asked for), and
+    the signals it accepted that its workflow has not consumed."""
     store = await store_of(args, readonly=True)
     try:
         info = await store.get_run(run_ref)
@@ -128,9 +129,12 @@ async def _run_and_children(
         found = await child_runs(store, fold(entries)) if children else {}
         running = (await store.count_runs(concurrency_key=info.concurrency_key, holding_slot=True)
                    if children and info.concurrency_key is not None else 0)
+        consumed = {e.event.signal_id for e in entries if isinstance(e.event, SignalReceived)}
+        unconsumed = ([a for a in await store.audit(info.run_id) if a.verdict == "accepted"
+                       and a.signal_id not in consumed] if children else [])
     finally:
         await store.close()
-    return info, entries, found, running
+    return info, entries, found, running, unconsumed
 
 
 def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | EffectFailed | None]:
@@ -182,7 +186,7 @@ def _indented(text: str, indent: str) -> list[str]:
 
 
 async def runs_show(args: argparse.Namespace) -> int:
-    info, entries, children, running = await _run_and_children(args, args.run)
+    info, entries, children, running, unconsumed = await _run_and_children(args, args.run)
     checkpoint = fold(entries)
     budget = budget_of(registry_of(args), info) if args.app else None
     failed, call = _failure(entries)
@@ -235,6 +239,8 @@ async def runs_show(args: argparse.Namespace) -> int:
     out += [f"  {printable(key):<28} {compact(value)}" for key, value in checkpoint.outputs.items()]
     out += [f"waiting     {wait.kind} {printable(wait.key)} {printable(wait.signal or '')} until {when(wait.until)}"
             for wait in checkpoint.waits]
+    out += [f"signal      {printable(a.name)} from {printable(a.sender)} at {when(a.at)}: received, not consumed "
+            "(no wait of the workflow's has taken it yet)" for a in unconsumed]
     out += [f"effect      {printable(key)} is {state}" for key, state in checkpoint.pending_effects.items()]
     if checkpoint.failure and checkpoint.failure != _reason(info):
         out.append(f"failure     {printable(checkpoint.failure)}")

@@ -77,7 +77,10 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     assert sent.returncode == 0 and "accepted" in sent.stdout
     duplicate = cli(*args, "--key-file", alice, env={"RUNIFOLD_KEYS": alice})
     assert duplicate.returncode == 0 and "duplicate" in duplicate.stdout
+    waiting = cli("runs", "show", "g1").stdout  # a signal the workflow has not taken yet is shown (helper-18)
+    assert "signal      approval from alice at " in waiting and "received, not consumed" in waiting, waiting
     run_worker_until(cli, "g1", RunStatus.COMPLETED)
+    assert "not consumed" not in cli("runs", "show", "g1").stdout
     audit = cli("audit", "g1")
     assert audit.returncode == 0
     assert "rejected:bad_signature" in audit.stdout and "accepted" in audit.stdout and "duplicate" in audit.stdout
