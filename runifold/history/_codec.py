@@ -11,6 +11,7 @@ give back an equal value (NaN, a tuple or set without an annotation, a
 
 from __future__ import annotations
 
+import datetime
 import functools
 import inspect
 import math
@@ -227,7 +228,10 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     except Exception:  # a value whose == raises (arrays, ...) cannot be checked, so not trusted
         same = False
     if not same:
-        if type_ is not Any:
+        if isinstance(value, datetime.datetime) and value.fold:
+            hint = ("it is the second of two equal local times (fold=1, as when clocks go back), which Python never "
+                    "compares equal to the same instant at another offset: return it in UTC")
+        elif type_ is not Any:
             hint = f"return a value of type {_name(type_)} that compares equal after a JSON round trip"
         elif isinstance(value, dict) and any(not isinstance(k, str) for k in value):
             hint = "JSON object keys are strings: annotate the key type (e.g. -> dict[int, str]) or use string keys"

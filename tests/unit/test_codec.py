@@ -70,3 +70,17 @@ def test_old_rows_decode_with_new_defaults() -> None:
     raw = b'{"type":"run_started","name":"wf","version":1,"input":{}}'
     event = decode_event(raw)
     assert isinstance(event, RunStarted) and event.checkpoint_id is None and event.key == ""
+
+
+def test_an_ambiguous_local_time_is_refused_saying_why_and_what_to_return() -> None:
+    """A datetime with fold=1 never compares equal to its round trip; the hint said 'return a datetime' (helper-19)."""
+    import datetime as dt
+    from zoneinfo import ZoneInfo
+
+    from runifold.history import record
+
+    second = dt.datetime(2025, 10, 26, 3, 30, fold=1, tzinfo=ZoneInfo("Europe/Riga"))
+    with pytest.raises(SerializationError, match=r"fold=1, as when clocks go back.*return it in UTC"):
+        record(second, dt.datetime, what="step stamp#1")
+    in_utc = second.astimezone(dt.UTC)
+    assert record(in_utc, dt.datetime, what="step stamp#1")[1] == in_utc
