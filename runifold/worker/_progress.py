@@ -177,9 +177,14 @@ class LiveProgress:
         """Start what is due among the open calls: bodies, timers, signals, retries.
 
         ``settling``: workflow code has finished; only the calls that run on (effects that started) progress.
+
+        Of the waits that can end (a timer due, a signal that came, a wait's deadline passed), only the one that
+        ended first on the store's clock ends now: workflow code sees it before the next is judged, as it would
+        have from a worker that was on time (a timeout that fires may cancel a wait whose signal came later).
         """
         now = self.store_time()
-        for call in list(self._open):
+        first: tuple[float, int, Call, InboxSignal | None] | None = None
+        for order, call in enumerate(list(self._open)):
             if not self._pending(call):
                 self._open.remove(call)  # nobody waits for it any more
                 continue
@@ -195,13 +200,10 @@ class LiveProgress:
                 case CallKind.EFFECT:
                     if due:
                         self._start_effect(call)
-                case CallKind.TIMER:
-                    if due:
-                        self._open.remove(call)
-                        self._buffer.append(TimerFired(key=call.key, fired_at=now))
-                        self._resolve(call)
-                case CallKind.SIGNAL:
-                    self._try_signal(call, now)
+                case CallKind.TIMER | CallKind.SIGNAL:
+                    ended = self._wait_end(call, now, order)
+                    if ended is not None and (first is None or ended[:2] < first[:2]):
+                        first = ended
                 case CallKind.CHILD:
                     self._spawn(call, self._enqueue_child, call.args, {}, None, "body")
                 case CallKind.VALUE | CallKind.CHARGE:
@@ -210,6 +212,9 @@ class LiveProgress:
                     assert_never(unreachable)
             if self._failure is not None:
                 return
+        if first is not None:
+            self._end_wait(first[2], first[3], now)
+            return
         out_of_time = None if settling else self._out_of_time(now, at=True)
         if out_of_time is not None and not self._parked():
             # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time (a
@@ -239,7 +244,11 @@ class LiveProgress:
         """An open call waits for an operator (an ambiguous effect)."""
         return any(c.parked is not None for c in self._open)
 
-    def _try_signal(self, call: Call, now: float) -> None:
+    def _wait_end(self, call: Call, now: float, order: int) -> tuple[float, int, Call, InboxSignal | None] | None:
+        """When a timer or signal wait ended by the store's clock, if it has: ``(at, order, call, signal)``, the
+        signal it takes (None: a timer fired, or a wait's deadline passed)."""
+        if call.kind is CallKind.TIMER:
+            return None if call.due is None or call.due > now else (call.due, order, call, None)
         # invariant: a signal counts for a wait only if it arrived by the wait's deadline (store clock), however
         # late this worker looks, and within the run's elapsed budget; the same inputs take the same branch on
         # every worker
@@ -247,21 +256,30 @@ class LiveProgress:
         for signal in self._inbox:
             if (signal.name == call.name and (call.due is None or signal.received_at <= call.due)
                     and (deadline is None or signal.received_at <= deadline)):
-                self._inbox.remove(signal)
-                self._consumed.append(signal.signal_id)
-                self._buffer.append(SignalReceived(
-                    key=call.key, name=call.name, payload=signal.payload, signal_id=signal.signal_id,
-                    sender=signal.sender, reason=signal.reason, received_at=signal.received_at,
-                ))
-                self._open.remove(call)
-                self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
-                value, error = self._payload(call, signal.payload)
-                self._resolve(call, value, error)
-                return
+                return signal.received_at, order, call, signal
         if call.due is not None and now >= call.due:
-            self._open.remove(call)
+            return call.due, order, call, None
+        return None
+
+    def _end_wait(self, call: Call, signal: InboxSignal | None, now: float) -> None:
+        """A timer fires, or a signal wait takes ``signal`` or times out."""
+        self._open.remove(call)
+        if call.kind is CallKind.TIMER:
+            self._buffer.append(TimerFired(key=call.key, fired_at=now))
+            self._resolve(call)
+        elif signal is None:
             self._buffer.append(SignalTimedOut(key=call.key, name=call.name))
             self._resolve(call, error=WaitTimeoutError(call.key, call.name))
+        else:
+            self._inbox.remove(signal)
+            self._consumed.append(signal.signal_id)
+            self._buffer.append(SignalReceived(
+                key=call.key, name=call.name, payload=signal.payload, signal_id=signal.signal_id,
+                sender=signal.sender, reason=signal.reason, received_at=signal.received_at,
+            ))
+            self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
+            value, error = self._payload(call, signal.payload)
+            self._resolve(call, value, error)
 
     def _allowed(self, call: Call, kind: CallKind, requires: str | None) -> bool:
         """Checks before a body runs: capability and budget. A refusal fails the run."""

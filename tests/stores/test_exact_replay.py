@@ -462,6 +462,37 @@ async def test_a_retry_backoff_is_honoured_when_a_sibling_timer_wakes_the_run(st
 # -- 7. a signal that arrived after the deadline is not delivered as on time ------------------------
 
 
+@workflow("timeout-around-a-wait")
+async def timeout_around_a_wait(ctx: WorkflowContext) -> str:
+    try:
+        return f"in time: {await asyncio.wait_for(ctx.wait_signal('go'), 0.3)}"
+    except TimeoutError:
+        pass
+    return f"late, then: {await ctx.wait_signal('go', timeout=timedelta(seconds=30))}"
+
+
+@pytest.mark.parametrize("arrives", ["before", "after"])
+async def test_a_timeout_around_a_wait_is_judged_by_when_the_signal_came(store: Any, arrives: str) -> None:
+    """A wait_for around a signal wait, and a worker that looks only after the timeout's timer is due: a signal
+    that came before it is taken by the wait, one that came after goes to the next wait. The timer fired first
+    and the cancelled wait still consumed the signal, which no later wait saw (helper-20)."""
+    definition = WorkflowDefinition(timeout_around_a_wait, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("timeout-around-a-wait", 1, {}, checkpoint_id="ta1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    if arrives == "after":
+        await asyncio.sleep(0.5)
+    await send_signal(store, "ta1", "go", "g1", "yes")
+    await asyncio.sleep(0.5)  # the worker looks after the timer is due
+    for _ in range(50):
+        done = await worker(store, definition).run_once()
+        if isinstance(done, Completed):
+            break
+        await asyncio.sleep(0.02)
+    assert isinstance(done, Completed)
+    assert done.output == ("in time: yes" if arrives == "before" else "late, then: yes")
+    assert not await replay_problems(store, WorkflowRegistry(definition), "ta1", done.output)
+
+
 @workflow("deadline")
 async def deadline(ctx: WorkflowContext) -> str:
     try:
