@@ -12,6 +12,8 @@ get the same keys on every replay however their I/O interleaves.
 
 from __future__ import annotations
 
+import asyncio
+
 import contextvars
 import math
 import random
@@ -111,6 +113,18 @@ def _binding() -> Binding:
             "this WorkflowContext method was called outside the workflow's own tasks; call it "
             "from workflow code, not from inside a step or effect body"
         )
+    return here(binding)
+
+
+def here(binding: Binding) -> Binding:
+    """The binding a call made now uses: a callback's calls (a done callback, a timer's) get a scope of their own.
+
+    invariant: a scope is one task's sequence of calls; a callback runs between the steps of the task whose
+    context it carries, so its calls in that task's scope would interleave with the task's. It gets the next
+    child scope instead, as a task created there would, at the same point on every replay.
+    """
+    if asyncio.current_task() is None:
+        return Binding(binding.driver, binding.scope.child())
     return binding
 
 

@@ -169,6 +169,7 @@ class Execution(LiveProgress, Replaying):
         self._lost: str | None = None
         self._store_error: StoreError | None = None
         self._closing = False
+        self._flush = False
         self._woken = False
         self._waiter: asyncio.Future[None] | None = None
         self._renewal_due: asyncio.TimerHandle | None = None  # when the lease is next renewed
@@ -220,7 +221,9 @@ class Execution(LiveProgress, Replaying):
     def timer(self, scope: Scope, delay: float, fire: Callable[[], None]) -> Callable[[], None]:
         """A durable timer for asyncio's ``call_at`` in workflow code: ``fire`` runs when it fires (live, or at
         its recorded place on replay); the function returned cancels it (recorded as ``call_cancelled``)."""
-        call = self._register(scope.key("timer"), CallKind.TIMER, None, due=self.store_time() + max(0.0, delay))
+        # an endless sleep (math.inf) is one that never fires, recorded with a due time it never reaches
+        due = self.store_time() + min(max(0.0, delay), _NEVER)
+        call = self._register(scope.key("timer"), CallKind.TIMER, None, due=due)
         call.future.add_done_callback(lambda future: None if future.cancelled() else fire())
 
         def cancel() -> None:
@@ -444,7 +447,14 @@ class Execution(LiveProgress, Replaying):
         loop = self._loop
         root = self._root
         assert root is not None
+        passes = 0
         while True:
+            passes += 1
+            if passes % _YIELD_EVERY == 0:
+                # invariant: the driver lets the worker's loop run at least every _YIELD_EVERY passes, however
+                # busy workflow code keeps it (polling with sleep(0), timers due at once): bodies, lease
+                # renewals, other runs and a stop request go on meanwhile
+                await asyncio.sleep(0)
             loop.run_ready()
             if self._divergence is not None:
                 return await self._finish_diverged()
@@ -462,7 +472,7 @@ class Execution(LiveProgress, Replaying):
                 return None  # the debugger stops where the history ends
             if self._finished:
                 self._collect_finished()
-            if self._outbox:
+            if self._outbox or self._flush or len(self._buffer) >= _BUFFER_LIMIT:
                 await self._commit()
             if self._resolutions:
                 self._deliver_next()
@@ -505,6 +515,7 @@ class Execution(LiveProgress, Replaying):
         live = self._live
         assert live is not None
         buffered, outbox, consumed = len(self._buffer), list(self._outbox), list(self._consumed)
+        self._flush = False  # what this commit takes (a cancellation buffered meanwhile sets it again)
         events = self._buffer[:buffered] + [event for batch, _ in outbox for event in batch]
         try:
             rows = [EventRow.of(event) for event in events]
@@ -597,7 +608,8 @@ class Execution(LiveProgress, Replaying):
         if not pending:
             return await self._finish_failed((
                 "the workflow is blocked on something that is not a runifold call (an Event or a future "
-                "nothing will set); it can never continue", None, ""))
+                "nothing in workflow code will set, or one a thread of its own would set: threads are not "
+                "recorded, so that work belongs in a step); it can never continue", None, ""))
         dues = [c.due for c in pending if c.due is not None and c.parked is None]
         deadline = self._deadline()
         if deadline is not None and not self._parked() and (dues or any(c.kind is CallKind.SIGNAL for c in pending)):
@@ -737,11 +749,26 @@ class Execution(LiveProgress, Replaying):
         for task in list(loop.tasks):
             task.cancel()
         loop.run_ready(passes=_TEARDOWN_PASSES)  # bounded: a task that swallows every cancellation is left behind
-        loop.close()
+        if loop.close() and self._live is not None:
+            self._shed()
+
+    def _shed(self) -> None:
+        """Drop what this finished execution holds (its history, its calls): a task left behind keeps it."""
+        replayer = self.replayer
+        self.replayer = Replayer([Entry(0, replayer.started_at, replayer.started)])
+        for held in (self._calls, self._open, self._inbox, self._buffer, self._outbox, self._consumed,
+                     self._resolutions, self._finished, self._starts, self._bodies, self._recorded_result):
+            held.clear()
 
 
 #: how many loop passes workflow code gets to unwind after the run's last commit
 _TEARDOWN_PASSES = 100
+#: the longest delay of a timer in seconds (about 31 years): a longer one, or an infinite one, never fires
+_NEVER = 1e9
+#: the driver lets the worker's loop run at least every this many passes
+_YIELD_EVERY = 64
+#: buffered events (fired timers, values drawn, ...) committed once this many wait, with no outcome to go with
+_BUFFER_LIMIT = 1000
 
 
 def _settle(future: asyncio.Future[None]) -> None:

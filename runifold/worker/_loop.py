@@ -41,7 +41,7 @@ from typing import Any
 
 from runifold._log import get_logger
 
-from runifold.dsl._context import Binding, Scope, current
+from runifold.dsl._context import Binding, Scope, current, here
 
 log = get_logger("runifold.worker")
 
@@ -53,6 +53,8 @@ _SET_ORDERED = frozenset(
 )
 #: frames between create_task and as_completed's: ensure_future, _ensure_future and the set comprehension
 _FRAMES_TO_AS_COMPLETED = 6
+#: the most callbacks of workflow code run_ready runs at once
+_RUN_LIMIT = 1000
 
 #: coroutines of workflow tasks left behind (they caught every cancellation), kept so that they are never
 #: resumed: Python resumes a coroutine to finalize it (GeneratorExit), wherever that happens, and code that
@@ -87,8 +89,9 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
     # -- what the driver uses ---------------------------------------------------------
 
     def run_ready(self, passes: int | None = None) -> None:
-        """Run workflow code until no workflow task is runnable, or for at most ``passes`` passes (a pass runs
-        what was ready when it began)."""
+        """Run workflow code until no workflow task is runnable (or ``_RUN_LIMIT`` callbacks have run: the driver
+        lets the worker's loop run, then goes on), or for at most ``passes`` passes (a pass runs what was ready
+        when it began)."""
         if not self._ready:
             return
         outer = asyncio.events._get_running_loop()
@@ -103,10 +106,12 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
                         if not handle._cancelled:
                             handle._run()
                 return
-            while ready:
+            ran = 0
+            while ready and ran < _RUN_LIMIT:  # bounded: workflow code polling with sleep(0) is always ready
                 handle = ready.popleft()
                 if not handle._cancelled:
                     handle._run()
+                ran += 1
         finally:
             self._stepping = False
             asyncio.events._set_running_loop(outer)
@@ -121,16 +126,19 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         ctx.run(current.set, binding)
         return self._task(coro, ctx, None)
 
-    def close(self) -> None:
-        """Stop: nothing more runs. A task still pending (it swallowed every cancellation) is left behind."""
+    def close(self) -> int:
+        """Stop: nothing more runs. A task still pending (it swallowed every cancellation) is left behind;
+        return how many were."""
         self._timers.clear()
         self._ready.clear()
         self._closed = True
+        left = len(self.tasks)
         for task in self.tasks:
             _STUCK.append(task.get_coro())
             log.warning("workflow_task_left_behind", task=task.get_name(),
                         hint="workflow code caught the cancellation of the run's suspension or end every time")
         self.tasks.clear()
+        return left
 
     # -- scheduling ------------------------------------------------------------------
 
@@ -150,6 +158,7 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         binding = current.get()
         if binding is None:
             raise RuntimeError("a timer set outside the workflow's tasks")  # asyncio's own code never does
+        binding = here(binding)
         handle = asyncio.TimerHandle(when, callback, args, self, context)
         handle._scheduled = True  # type: ignore[attr-defined]
         self._timers[handle] = binding.driver.timer(binding.scope, when - self.time(),

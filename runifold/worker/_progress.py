@@ -107,6 +107,7 @@ class LiveProgress:
     _failure: tuple[str, BaseException | None, str] | None
     _closing: bool
     _replaying: bool
+    _flush: bool  # commit the buffer at the next pass, outcome or not
 
     def store_time(self) -> float:
         raise NotImplementedError
@@ -151,6 +152,9 @@ class LiveProgress:
         if call.body is not None:
             call.body.cancel()
         self._buffer.append(CallCancelled(key=call.key, kind=call.kind.value, attempt=call.attempt, ran=call.busy))
+        # a body that ran and was stopped: its end is committed at once (with what workflow code records after
+        # it), so a crash does not run the body again as if it had been in flight
+        self._flush = self._flush or call.busy
         self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
 
     def _runs_on(self, call: Call) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import math
 import sys
 from collections import Counter
 from datetime import timedelta
@@ -163,6 +164,89 @@ async def test_a_task_that_swallows_the_cancellation_of_a_suspension_does_not_ho
             break
         await asyncio.sleep(0.03)
     assert isinstance(outcome, Completed) and outcome.output == ["slept", "napped"]
+
+
+@step()
+async def fetched_slowly() -> int:
+    await asyncio.sleep(0.2)
+    return 42
+
+
+@workflow("polls")
+async def polls(ctx: WorkflowContext, delay: float) -> int:
+    task = asyncio.create_task(fetched_slowly())
+    while not task.done():  # busy-waiting, as ordinary asyncio allows
+        await asyncio.sleep(delay)
+    return task.result()
+
+
+@pytest.mark.parametrize("delay", [0, 1e-6])
+async def test_workflow_code_polling_a_task_does_not_hold_the_worker(store: Any, delay: float) -> None:
+    """A loop around sleep(0), or around sleeps so short their timers are due at once, while a step runs: the
+    driver ran workflow code (and fired timers) without ever letting the worker's loop run, so the step's body
+    never ran, nor a renewal or a stop (helper-20)."""
+    definition = WorkflowDefinition(polls)
+    await store.enqueue(WorkflowTask("polls", 1, {"delay": delay}, checkpoint_id="p1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == 42
+    assert not await replay_problems(store, WorkflowRegistry(definition), "p1", done.output)
+
+
+@workflow("extends-its-timeout")
+async def extends_its_timeout(ctx: WorkflowContext) -> str:
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(10) as cm:
+        helper = asyncio.create_task(count("helper"))
+        helper.add_done_callback(lambda _: cm.reschedule(loop.time() + 20))  # a timer set from a callback
+        main = await runs_for(0.3, "main")
+    await asyncio.sleep(0.05)  # the run suspends: the rest replays from another execution
+    return f"{main}+{await helper}"
+
+
+async def test_a_timer_set_from_a_callback_replays(store: Any) -> None:
+    """asyncio.timeout rescheduled from a done callback while the task awaits a step: the callback's timer went
+    into the task's scope, logged before the task's step (which is logged when it completes), and unchanged
+    code diverged on replay (helper-20). A callback's calls get a scope of their own."""
+    definition = WorkflowDefinition(extends_its_timeout)
+    await store.enqueue(WorkflowTask("extends-its-timeout", 1, {}, checkpoint_id="x1"))
+    for _ in range(50):
+        done = await worker(store, definition).run_once()
+        if isinstance(done, Completed):
+            break
+        assert isinstance(done, (Suspended, Idle)), done
+        await asyncio.sleep(0.02)
+    assert isinstance(done, Completed) and done.output == "main+1"
+    assert not await replay_problems(store, WorkflowRegistry(definition), "x1", done.output)
+
+
+@workflow("cut-short")
+async def cut_short(ctx: WorkflowContext) -> str:
+    try:
+        await asyncio.wait_for(runs_for(30, "cut"), 0.05)
+    except TimeoutError:
+        pass
+    forever = asyncio.create_task(asyncio.sleep(math.inf))  # an endless timer: it never fires
+    result = await runs_for(0.5, "after")
+    forever.cancel()
+    return result
+
+
+async def test_a_step_cut_short_is_committed_at_once_and_an_endless_sleep_never_fires(store: Any) -> None:
+    """A step body stopped by a timeout: its call_cancelled is committed before the next step's body ends, so a
+    crash meanwhile does not run it again as if it had been in flight; it waited in the buffer for the next
+    outcome. asyncio.sleep(math.inf) failed the run (an infinite due time cannot be recorded) (helper-20)."""
+    definition = WorkflowDefinition(cut_short)
+    await store.enqueue(WorkflowTask("cut-short", 1, {}, checkpoint_id="cs1"))
+    running = asyncio.create_task(worker(store, definition).run_once())
+    seen: list[str] = []
+    while not running.done() and "call_cancelled" not in seen:
+        seen = await event_types(store, "cs1")
+        await asyncio.sleep(0.02)
+    assert "call_cancelled" in seen and "step_completed" not in seen, seen
+    done = await running
+    assert isinstance(done, Completed) and done.output == "after"
+    assert calls == Counter({"cut": 1, "after": 1})
+    assert not await replay_problems(store, WorkflowRegistry(definition), "cs1", done.output)
 
 
 # -- 3. return_exceptions=True sees only the workflow's own exceptions ------------------------------
