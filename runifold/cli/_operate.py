@@ -21,9 +21,9 @@ from runifold.cli._common import (
     parse_json,
     positive_int,
     registry_of,
-    version,
     seconds,
     store_of,
+    version,
 )
 from runifold.history import Resolution
 from runifold.stores import RunStatus, WorkflowTask

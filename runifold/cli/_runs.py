@@ -13,12 +13,12 @@ from runifold.cli._common import (
     compact,
     emit_json,
     positive_int,
-    version,
     printable,
     registry_of,
     store_of,
     table,
     table_lines,
+    version,
     when,
 )
 from runifold.dsl import Budget

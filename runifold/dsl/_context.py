@@ -13,7 +13,6 @@ get the same keys on every replay however their I/O interleaves.
 from __future__ import annotations
 
 import asyncio
-
 import contextvars
 import math
 import random

@@ -29,18 +29,18 @@ async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
     exist at this runifold's version, is never created or migrated, and every
     transaction is read-only. The memory store ignores it.
     """
-    if url.startswith(("postgresql://", "postgres://")):
-        from runifold.stores.postgres import PostgresWorkflowStore
+    sqlite = _sqlite(url)
+    if sqlite is not None:
+        from runifold.stores.sqlite import SqliteWorkflowStore
 
-        return await PostgresWorkflowStore.open(url, readonly=readonly)
+        return await SqliteWorkflowStore.open(sqlite[0], readonly=readonly or sqlite[1])
     if url == "memory:":
         from runifold.stores.memory import MemoryWorkflowStore
 
         return MemoryWorkflowStore()
-    path, read_only_url = _sqlite(url)
-    from runifold.stores.sqlite import SqliteWorkflowStore
+    from runifold.stores.postgres import PostgresWorkflowStore
 
-    return await SqliteWorkflowStore.open(path, readonly=readonly or read_only_url)
+    return await PostgresWorkflowStore.open(url, readonly=readonly)
 
 
 def sqlite_path(url: str) -> str | None:
@@ -49,13 +49,15 @@ def sqlite_path(url: str) -> str | None:
     Raises:
         ConfigurationError: the URL names no store (an unknown scheme, a SQLite URL with two slashes).
     """
+    sqlite = _sqlite(url)
+    return None if sqlite is None else sqlite[0]
+
+
+def _sqlite(url: str) -> tuple[str, bool] | None:
+    """The file a SQLite URL (or a plain path ending in ``.db``) names, and whether it says ``?mode=ro``; None
+    for a PostgreSQL or memory URL. The one place a store URL is read."""
     if url.startswith(("postgresql://", "postgres://")) or url == "memory:":
         return None
-    return _sqlite(url)[0]
-
-
-def _sqlite(url: str) -> tuple[str, bool]:
-    """The file a SQLite URL (or a plain path ending in ``.db``) names, and whether it says ``?mode=ro``."""
     if url.startswith("sqlite://"):
         path, _, query = url.removeprefix("sqlite://").partition("?")
         if not path.startswith("/"):

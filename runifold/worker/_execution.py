@@ -748,7 +748,8 @@ class Execution(LiveProgress, Replaying):
             return
         for task in list(loop.tasks):
             task.cancel()
-        loop.run_ready(passes=_TEARDOWN_PASSES)  # bounded: a task that swallows every cancellation is left behind
+        # bounded: a task that swallows every cancellation is left behind
+        loop.run_ready(limit=_TEARDOWN_TURNS * (1 + len(loop.tasks)))
         if loop.close() and self._live is not None:
             self._shed()
 
@@ -761,8 +762,8 @@ class Execution(LiveProgress, Replaying):
             held.clear()
 
 
-#: how many loop passes workflow code gets to unwind after the run's last commit
-_TEARDOWN_PASSES = 100
+#: how many callbacks per task workflow code gets to unwind after the run's last commit
+_TEARDOWN_TURNS = 100
 #: the longest delay of a timer in seconds (about 31 years): a longer one, or an infinite one, never fires
 _NEVER = 1e9
 #: the driver lets the worker's loop run at least every this many passes

@@ -53,9 +53,6 @@ _SET_ORDERED = frozenset(
 )
 #: frames between create_task and as_completed's: ensure_future, _ensure_future and the set comprehension
 _FRAMES_TO_AS_COMPLETED = 6
-#: the most callbacks of workflow code run_ready runs at once
-_RUN_LIMIT = 1000
-
 #: coroutines of workflow tasks left behind (they caught every cancellation), kept so that they are never
 #: resumed: Python resumes a coroutine to finalize it (GeneratorExit), wherever that happens, and code that
 #: catches that too would make its calls outside its run. The list itself is never freed, not even at exit.
@@ -88,30 +85,22 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
     # -- what the driver uses ---------------------------------------------------------
 
-    def run_ready(self, passes: int | None = None) -> None:
-        """Run workflow code until no workflow task is runnable (or ``_RUN_LIMIT`` callbacks have run: the driver
-        lets the worker's loop run, then goes on), or for at most ``passes`` passes (a pass runs what was ready
-        when it began)."""
-        if not self._ready:
+    def run_ready(self, limit: int = 1000) -> None:
+        """Run workflow code until no workflow task is runnable, running at most ``limit`` callbacks. Bounded:
+        workflow code polling with ``sleep(0)`` is always ready, and the driver must go on (let the worker's
+        loop run, unwind a run's tasks) whatever it does."""
+        ready = self._ready
+        if not ready:
             return
         outer = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(self)
         self._stepping = True
         try:
-            ready = self._ready
-            if passes is not None:
-                for _ in range(passes):
-                    for _ in range(len(ready)):
-                        handle = ready.popleft()
-                        if not handle._cancelled:
-                            handle._run()
-                return
-            ran = 0
-            while ready and ran < _RUN_LIMIT:  # bounded: workflow code polling with sleep(0) is always ready
+            while ready and limit:
                 handle = ready.popleft()
                 if not handle._cancelled:
                     handle._run()
-                ran += 1
+                limit -= 1
         finally:
             self._stepping = False
             asyncio.events._set_running_loop(outer)
