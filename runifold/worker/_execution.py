@@ -54,6 +54,7 @@ from runifold.errors import (
     EffectFailedError,
     LeaseLostError,
     NondeterminismError,
+    OutsideWorkflowError,
     RunifoldError,
     SerializationError,
     StepFailedError,
@@ -278,6 +279,7 @@ class Execution(LiveProgress, Replaying):
         return with_concurrency(definition, task)
 
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
+        self._here()
         key = scope.key(kind)
         if self._closing:
             return make()  # the run is suspended or over: nothing is recorded (see _register)
@@ -291,6 +293,7 @@ class Execution(LiveProgress, Replaying):
         return value
 
     def charge(self, scope: Scope, units: float) -> None:
+        self._here()
         key = scope.key("charge")
         if self._closing or self._visit(key, CallKind.CHARGE):
             return
@@ -312,8 +315,18 @@ class Execution(LiveProgress, Replaying):
             self._divergence = exc
             return []
 
+    def _here(self) -> None:
+        """Refuse a call made outside workflow code: from a task or thread of another loop, which the driver
+        neither sees nor waits for, so where it falls among the run's calls would differ on every replay."""
+        if asyncio.events._get_running_loop() is not self._loop:
+            raise OutsideWorkflowError(
+                "a step, effect, wait or recorded value was called for this run from outside its workflow code "
+                "(a task or thread of another event loop); make every call of a run from the workflow function "
+                "and the tasks it creates")
+
     def _register(self, key: str, kind: CallKind, returns: Any, **fields: Any) -> Call:
         """Register a call made by workflow code; its future is resolved by the driver only."""
+        self._here()
         if self._closing:
             # invariant: while the run is suspended or over, no call runs, records or raises anything at once;
             # the task that made a durable call is cancelled at its await. So workflow code that swallows every

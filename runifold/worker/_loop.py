@@ -82,6 +82,9 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         #: the asyncio.as_completed call creating tasks now: its frame, the list it was given, the task number
         #: before the first, and how many of its coroutines are still to be created
         self._listing: tuple[Any, Sequence[Any], int, int] | None = None
+        #: the worker loop's async generator hooks, and this loop's finalizer (see _finalize_asyncgen)
+        self._outer_hooks = sys.get_asyncgen_hooks()
+        self._finalizer = self._finalize_asyncgen
 
     # -- what the driver uses ---------------------------------------------------------
 
@@ -94,6 +97,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
             return
         outer = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(self)
+        outer_hooks = self._outer_hooks
+        sys.set_asyncgen_hooks(None, self._finalizer)
         self._stepping = True
         try:
             while ready and limit:
@@ -103,7 +108,16 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
                 limit -= 1
         finally:
             self._stepping = False
+            sys.set_asyncgen_hooks(*outer_hooks)
             asyncio.events._set_running_loop(outer)
+
+    def _finalize_asyncgen(self, agen: Any) -> None:
+        """An async generator of workflow code that the code left unclosed (``break`` out of ``async for``) is
+        closed by a workflow task, created where Python let go of it (as asyncio's loop would, but on this
+        loop): a ``finally`` in it calls steps as workflow code, while the run goes on. Once the run is
+        suspended or over nothing of it runs (Python frees it without resuming it)."""
+        if not self._closed:
+            self.call_soon(self.create_task, agen.aclose())
 
     @property
     def has_ready(self) -> bool:

@@ -111,7 +111,8 @@ async def drive(store: Any, registry: WorkflowRegistry, refs: list[str], *, rng:
         outcome = await running
         match outcome:
             case Completed(run_id=run_id) | Failed(run_id=run_id, run_failed=True):
-                ends[by_id[run_id]] = outcome
+                if run_id in by_id:  # else a child run of one of them
+                    ends[by_id[run_id]] = outcome
             case Suspended(run_id=run_id, signals=signals):
                 for name in set(signals) & set(send):
                     sent += 1

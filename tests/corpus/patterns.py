@@ -12,6 +12,8 @@ whenever a run waits for one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import decimal
@@ -27,6 +29,7 @@ import msgspec
 
 from runifold import (
     Budget,
+    ChildFailedError,
     ResumePolicy,
     RetryPolicy,
     StepFailedError,
@@ -456,9 +459,126 @@ async def abandoned_effects(ctx: WorkflowContext, n: int) -> list[Any]:
     return out
 
 
+@workflow("coordination")
+async def coordination(ctx: WorkflowContext, n: int) -> list[Any]:
+    """asyncio's coordination primitives between branches: a Semaphore bounding parallel steps (some of them
+    waiting for the signal while they hold it), a Queue from a producer to a consumer, a Lock."""
+    limit = asyncio.Semaphore(2)
+
+    async def limited(i: int) -> int:
+        async with limit:
+            if i == 1:
+                await ctx.wait_signal("go")
+            return await add(ctx.run_id, f"sem-{i}", i)
+
+    bounded = await asyncio.gather(*(limited(i) for i in range(5)))
+    queue: asyncio.Queue[int | None] = asyncio.Queue(maxsize=1)
+
+    async def produce() -> None:
+        for i in range(3):
+            await queue.put(await add(ctx.run_id, f"produce-{i}", i))
+        await queue.put(None)
+
+    async def consume() -> list[str]:
+        got = []
+        while (item := await queue.get()) is not None:
+            got.append(await note(ctx.run_id, f"consume-{item}"))
+        return got
+
+    _, consumed = await asyncio.gather(produce(), consume())
+    lock = asyncio.Lock()
+    order: list[int] = []
+
+    async def locked(i: int) -> None:
+        async with lock:
+            order.append(await add(ctx.run_id, f"lock-{i}", i))
+            await ctx.sleep(TICK / 4)
+
+    await asyncio.gather(*(locked(i) for i in range(3)))
+    return [list(bounded), consumed, order]
+
+
+async def numbered(ctx: WorkflowContext, cleanup: list[str]) -> Any:
+    """An async generator of step outputs that suspends between items and calls a step when it is closed."""
+    try:
+        for i in range(10):
+            yield await add(ctx.run_id, f"gen-{i}", i)
+            if i == 1:
+                await ctx.wait_signal("go")
+    finally:
+        cleanup.append(await note(ctx.run_id, "gen-closed"))
+
+
+@workflow("async-generator")
+async def async_generator(ctx: WorkflowContext, n: int) -> list[Any]:
+    """``async for`` over a generator of steps, left early: closed by ``aclosing``, and left to be collected."""
+    cleanup: list[str] = []
+    got: list[int] = []
+    async with contextlib.aclosing(numbered(ctx, cleanup)) as items:
+        async for item in items:
+            got.append(item)
+            if item >= 3:
+                break
+    total, late = 0, []
+    async for item in numbered(ctx, late):  # never closed by the code: a workflow task closes it
+        total += item
+        if item >= 2:
+            break
+    ended = await note(ctx.run_id, "gen-end")
+    while not late:  # the closing task's step
+        await asyncio.sleep(0)
+    return [got, cleanup, total, ended, late]
+
+
+@workflow("children")
+async def children(ctx: WorkflowContext, n: int) -> list[Any]:
+    """Child runs started concurrently, one awaited under a timeout, a failing one caught."""
+    first, second = await asyncio.gather(ctx.run_child(child, {"n": n}), ctx.run_child(child, {"n": n + 10}))
+    handle = await ctx.start_child(child, {"n": n + 20})
+    try:
+        late = await asyncio.wait_for(handle.result(), timeout=30)
+    except TimeoutError:
+        late = -1
+    try:
+        await ctx.run_child(child, {"n": -1})
+        failed = "no"
+    except ChildFailedError as exc:
+        failed = type(exc).__name__
+    return [first, second, late, failed]
+
+
+@workflow("child")
+async def child(ctx: WorkflowContext, n: int) -> int:
+    if n < 0:
+        return await broken(ctx.run_id, "child-broken")
+    await ctx.sleep(TICK)
+    return await add(ctx.run_id, "child-add", n)
+
+
+@workflow("shielded")
+async def shielded(ctx: WorkflowContext, n: int) -> list[Any]:
+    """A step shielded from a timeout and awaited again after it; context variables seen by every branch."""
+    request.set(f"req-{n}")
+    work = asyncio.ensure_future(slow(ctx.run_id, "shielded", 0.2))
+    try:
+        await asyncio.wait_for(asyncio.shield(work), timeout=0.01)
+        early = "finished in time"
+    except TimeoutError:
+        early = "timed out"
+    await ctx.wait_signal("go")
+
+    async def reads(i: int) -> str:
+        return f"{request.get()}:{await add(ctx.run_id, f'ctx-{i}', i)}"
+
+    return [early, await work, await asyncio.gather(reads(1), reads(2))]
+
+
+request: contextvars.ContextVar[str] = contextvars.ContextVar("request")
+
+
 WORKFLOWS = [try_finally, async_with, gather_values, return_exceptions, task_group, first_completed, as_completed,
              nested_gather, timer_siblings, retry_and_timer, values, typed, effects_and_timeouts,
-             cancelled_calls, abandoned_effects]
+             cancelled_calls, abandoned_effects, coordination, async_generator, children, child, shielded]
 SIGNALS = ("go",)
 registry = WorkflowRegistry(*(WorkflowDefinition(fn, Budget(max_cost_units=100), signals={"go": {"*"}})
                               for fn in WORKFLOWS))
