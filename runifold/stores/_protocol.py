@@ -435,6 +435,11 @@ class WorkflowStore(Protocol):
         """Return a run's whole log in order."""
         ...
 
+    async def inbox(self, run_id: str) -> list[InboxSignal]:
+        """Return the signals of run ``run_id`` that no wait has consumed, oldest first (what a claim returns as
+        its inbox): a worker executing the run reads it to see the signals that arrived since its claim."""
+        ...
+
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
         """Store a signal once per ``(run_id, signal_id)`` and wake the run if it waits for it.
 

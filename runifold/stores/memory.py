@@ -384,6 +384,9 @@ class MemoryWorkflowStore:
     async def history(self, run_ref: str) -> list[StoredEvent]:
         return list(self._find(run_ref).events)
 
+    async def inbox(self, run_id: str) -> list[InboxSignal]:
+        return [s.inbox for s in self._find(run_id).unconsumed()]
+
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
         payload = msgspec.json.decode(delivery.payload_json())
         run = self._runs.get(delivery.run_id)

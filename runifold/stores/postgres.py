@@ -494,6 +494,10 @@ class PostgresWorkflowStore:
             raise RunNotFoundError(run_ref)
         return [StoredEvent(r["seq"], r["at"], r["type"], r["key"], r["body"].encode()) for r in rows]
 
+    async def inbox(self, run_id: str) -> list[InboxSignal]:
+        rows = await self._call(lambda conn: conn.fetch(Q["inbox"], run_id))
+        return [InboxSignal(r[0], r[1], msgspec.json.decode(r[2]), r[3], r[4], r[5]) for r in rows]
+
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
         d = delivery
         args = (d.run_id, d.run_ref, d.signal_id, d.name, d.payload_json(), d.payload_hash, d.sender, d.key_id,

@@ -584,6 +584,9 @@ class SqliteWorkflowStore:
     async def history(self, run_ref: str) -> list[StoredEvent]:
         return await self._read(lambda conn: _history(conn, _find(conn, run_ref)[0]))
 
+    async def inbox(self, run_id: str) -> list[InboxSignal]:
+        return await self._read(lambda conn: _inbox(conn, run_id))
+
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
         payload = delivery.payload_json()
 

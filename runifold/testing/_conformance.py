@@ -278,6 +278,19 @@ class StoreConformance(ScheduleAndLimitConformance):
         await store.commit(lease, 1, [], Suspend(RunStatus.WAITING, None, ("approval",)), consumed_signals=["s1"])
         assert await store.claim("w1", {"wf"}, LEASE) is None
 
+    async def test_the_inbox_holds_the_signals_no_commit_consumed_in_order(self, store: Any) -> None:
+        """A running execution reads its run's inbox: the signals no commit consumed, oldest first."""
+        lease = await self._claimed(store)
+        run_id = lease.run_id
+        assert await store.inbox(run_id) == []
+        for signal_id in ("s1", "s2", "s3"):
+            await deliver(store, "c1", signal_id, payload={"id": signal_id})
+        inbox = await store.inbox(run_id)
+        assert [(s.signal_id, s.payload) for s in inbox] == [(i, {"id": i}) for i in ("s1", "s2", "s3")]
+        assert [s.received_at for s in inbox] == sorted(s.received_at for s in inbox)
+        await store.commit(lease, 1, [], Continue(), consumed_signals=["s2"])
+        assert [s.signal_id for s in await store.inbox(run_id)] == ["s1", "s3"]
+
     async def test_duplicate_signal_returns_the_original_receipt(self, store: Any) -> None:
         """A repeated signal id is acknowledged as a duplicate with the first receipt, stored once."""
         await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))

@@ -153,6 +153,8 @@ class Execution(LiveProgress, Replaying):
         self.usage = Usage(usage.steps + recoveries, usage.effect_attempts, usage.retries, usage.cost_units)
         self._recorded_result = [e.event for e in entries if isinstance(e.event, RunCompleted)]
         self._inbox: list[InboxSignal] = sorted(inbox, key=lambda s: s.received_at)
+        self._inbox_read = live.store_now if live is not None else 0.0
+        self._inbox_due: float | None = None
         self._calls: dict[str, Call] = {}
         self._open: list[Call] = []  # calls that progress live, in registration order
         self._replaying = True
@@ -495,6 +497,9 @@ class Execution(LiveProgress, Replaying):
             if self._starts:
                 await self._launch()
                 continue
+            if self._inbox_due is not None and self._inbox_due <= self.store_time():
+                await self._read_inbox()
+                continue
             if self._resolutions or self._outbox or loop.has_ready:
                 continue
             if self._bodies:
@@ -674,6 +679,8 @@ class Execution(LiveProgress, Replaying):
     def _next_due(self) -> float | None:
         dues = [c.due for c in self._open
                 if c.due is not None and not c.busy and c.parked is None and self._pending(c)]
+        if self._inbox_due is not None:
+            dues.append(self._inbox_due)
         return min(dues) if dues else None
 
     def _wake_up(self) -> None:

@@ -70,6 +70,8 @@ _KEY = context_var("key")
 _UNKNOWN_OUTCOME = (TimeoutError, ConnectionError, EffectOutcomeUnknown)
 #: a body that raises one of these misused runifold: another attempt would raise the same, so it is not retried
 _MISUSE = (ConfigurationError, OutsideWorkflowError)
+#: while a signal wait is open, a live execution reads its run's inbox at least this often (seconds)
+INBOX_EVERY = 1.0
 
 
 class _Start(NamedTuple):
@@ -108,6 +110,8 @@ class LiveProgress:
     _closing: bool
     _replaying: bool
     _flush: bool  # commit the buffer at the next pass, outcome or not
+    _inbox_read: float  # the store's clock when the run's inbox was last read (the claim read it)
+    _inbox_due: float | None  # when to read it next, while a signal wait is open (see _wait_end)
 
     def store_time(self) -> float:
         raise NotImplementedError
@@ -188,6 +192,7 @@ class LiveProgress:
         """
         now = self.store_time()
         first: tuple[float, int, Call, InboxSignal | None] | None = None
+        self._inbox_due = None
         for order, call in enumerate(list(self._open)):
             if not self._pending(call):
                 self._open.remove(call)  # nobody waits for it any more
@@ -216,6 +221,8 @@ class LiveProgress:
                     assert_never(unreachable)
             if self._failure is not None:
                 return
+        if self._inbox_due is not None and self._inbox_due <= now:
+            return  # no wait ends before the inbox is read: a signal that came may have ended one first
         if first is not None:
             self._end_wait(first[2], first[3], now)
             return
@@ -261,9 +268,31 @@ class LiveProgress:
             if (signal.name == call.name and (call.due is None or signal.received_at <= call.due)
                     and (deadline is None or signal.received_at <= deadline)):
                 return signal.received_at, order, call, signal
-        if call.due is not None and now >= call.due:
+        # invariant: while a signal wait is open the inbox is read again at least every INBOX_EVERY seconds (a
+        # signal sent while the run executes is seen), and a wait's deadline is judged only by a read made at
+        # or after it, so a signal the store received in time is never judged late
+        read = self._inbox_read
+        due = read + INBOX_EVERY if call.due is None or read >= call.due else min(read + INBOX_EVERY, call.due)
+        self._inbox_due = due if self._inbox_due is None else min(self._inbox_due, due)
+        if call.due is not None and now >= call.due and read >= call.due:
             return call.due, order, call, None
         return None
+
+    async def _read_inbox(self) -> None:
+        """Read the run's inbox from the store: the signals that arrived since the claim (or the last read)."""
+        live = self._live
+        assert live is not None
+        read_at = self.store_time()
+        try:
+            signals = await live.store.inbox(self.run_id)
+        except StoreError as exc:
+            self._abort(exc)
+            return
+        known = {s.signal_id for s in self._inbox}.union(self._consumed)  # consumed: not committed yet
+        self._inbox = sorted([*self._inbox, *(s for s in signals if s.signal_id not in known)],
+                             key=lambda s: s.received_at)
+        self._inbox_read = read_at
+        self._inbox_due = None
 
     def _end_wait(self, call: Call, signal: InboxSignal | None, now: float) -> None:
         """A timer fires, or a signal wait takes ``signal`` or times out."""

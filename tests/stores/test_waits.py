@@ -32,7 +32,8 @@ from runifold import (
 )
 from runifold.history import SignalReceived, TimerFired, TimerStarted
 from runifold.testing import FakeClock
-from tests.support import entries, worker
+from tests.corpus.check import replay_problems
+from tests.support import entries, send_signal, worker
 
 ALICE = b"alice-secret-0123456789abcdef"
 BOB = b"bob-secret-0123456789abcdef012"
@@ -318,3 +319,74 @@ async def test_wait_timeout_on_the_real_store_clock(store: Any) -> None:
         await asyncio.sleep(0.05)
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output == "timed out"
+
+
+# -- signals that arrive while the run executes -------------------------------------------------------
+
+
+@step()
+async def process(i: int) -> int:
+    await asyncio.sleep(0.05)
+    return i
+
+
+@workflow("until-stopped")
+async def until_stopped(ctx: WorkflowContext, poll: bool) -> list[Any]:
+    stop = asyncio.ensure_future(ctx.wait_signal("stop"))
+    done: list[int] = []
+    if poll:
+        while not stop.done():  # busy-waiting, as ordinary asyncio allows: the run never suspends
+            await asyncio.sleep(0)
+    else:
+        while not stop.done() and len(done) < 200:  # 10 s of steps: the run never suspends
+            done.append(await process(len(done)))
+    return [await stop, len(done) < 200]
+
+
+@pytest.mark.parametrize("poll", [False, True], ids=["steps", "busy-polling"])
+async def test_a_signal_sent_while_the_run_executes_is_seen_without_a_suspension(store: Any, poll: bool) -> None:
+    """A "stop" signal for a run busy with a long series of steps (or polling with sleep(0)) is seen by the
+    execution under way, within about a second: the run never suspended, so it was seen only after all 200 steps
+    (or never) and then stayed unconsumed."""
+    definition = WorkflowDefinition(until_stopped, signals={"stop": {"*"}})
+    await store.enqueue(WorkflowTask("until-stopped", 1, {"poll": poll}, checkpoint_id="u1"))
+    running = asyncio.ensure_future(worker(store, definition, lease=30).run_once())
+    await asyncio.sleep(0.3)
+    await send_signal(store, "u1", "stop", "s1", "now")
+    done = await asyncio.wait_for(running, 5)
+    assert isinstance(done, Completed) and done.output == ["now", True]
+    assert [e.event.signal_id for e in await entries(store, "u1") if isinstance(e.event, SignalReceived)] == ["s1"]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "u1", done.output)
+
+
+@step()
+async def runs_one_second() -> str:
+    await asyncio.sleep(1.0)
+    return "ran"
+
+
+@workflow("deadline-beside-a-body")
+async def deadline_beside_a_body(ctx: WorkflowContext) -> list[str]:
+    async def waits() -> str:
+        try:
+            return await ctx.wait_signal("go", timeout=timedelta(milliseconds=400))
+        except WaitTimeoutError:
+            return "timed out"
+
+    return list(await asyncio.gather(waits(), runs_one_second()))
+
+
+@pytest.mark.parametrize("at", [0.1, 0.6], ids=["before-the-deadline", "after-the-deadline"])
+async def test_a_wait_deadline_passing_while_a_body_runs_is_judged_by_when_the_signal_came(
+        store: Any, at: float) -> None:
+    """A signal wait's deadline passes while a sibling's step body runs: a signal the store received before the
+    deadline is taken (it was judged "timed out": the execution had not looked at its inbox since its claim), one
+    received after it is not, and stays for a later wait."""
+    definition = WorkflowDefinition(deadline_beside_a_body, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("deadline-beside-a-body", 1, {}, checkpoint_id="d1"))
+    running = asyncio.ensure_future(worker(store, definition, lease=30).run_once())
+    await asyncio.sleep(at)
+    await send_signal(store, "d1", "go", "g1", "yes")
+    done = await asyncio.wait_for(running, 5)
+    assert isinstance(done, Completed) and done.output == ["yes" if at < 0.4 else "timed out", "ran"]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "d1", done.output)

@@ -126,6 +126,10 @@ SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_own
        created_at, updated_at, reason, recoveries, concurrency_key, concurrency_limit
 FROM runifold_runs WHERE {ref} = $1
 
+-- name: inbox
+SELECT signal_id, name, payload, sender, reason, received_at FROM runifold_signals
+WHERE run_id = $1 AND NOT consumed ORDER BY received_at, arrival
+
 -- name: history
 SELECT e.seq, e.at, e.type, e.key, e.body
 FROM runifold_runs r JOIN runifold_events e ON e.run_id = r.run_id
