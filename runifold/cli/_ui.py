@@ -10,7 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 from runifold.cli._common import UsageError, emit_json, printable, registry_of, store_of
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8233
-EXTRA = "pip install 'runifold[ui]'"
+EXTRA = "pip install '/path/to/runifold[ui]' from a checkout, or 'runifold[ui]' from a package index"
 #: what the ui extra brings (and what they need), whose absence means "install the extra"
 _EXTRA_MODULES = frozenset({"starlette", "uvicorn", "jinja2", "markupsafe", "anyio", "h11", "click", "sniffio"})
 

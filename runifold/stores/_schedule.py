@@ -8,8 +8,7 @@ as ISO-8601 UTC), so enqueueing it twice, from any number of workers, creates
 one run.
 
 Cron expressions are read by `cronsim <https://pypi.org/project/cronsim/>`_
-(the ``cron`` extra: ``pip install 'runifold[cron]'``), as Debian's cron
-reads them; ``every=`` needs nothing extra.
+(the ``cron`` extra), as Debian's cron reads them; ``every=`` needs nothing extra.
 """
 
 from __future__ import annotations
@@ -206,8 +205,8 @@ def _cron(expression: str, start: datetime, *, reverse: bool, name: str) -> Iter
         from cronsim import CronSim, CronSimError
     except ImportError as exc:
         raise InvalidInputError(
-            f"schedule {name!r} uses cron, which needs the cronsim package: pip install 'runifold[cron]' "
-            "(or give every= instead)"
+            f"schedule {name!r} uses cron, which needs the cronsim package: pip install '/path/to/runifold[cron]' "
+            "from a checkout, or 'runifold[cron]' from a package index (or give every= instead)"
         ) from exc
     make: Callable[..., Iterator[datetime]] = CronSim
     try:

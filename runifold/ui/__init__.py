@@ -1,7 +1,8 @@
 """``runifold ui``: a read-only web view of runs, histories and signal audits.
 
-Needs the ``ui`` extra (``pip install 'runifold[ui]'``: Starlette, uvicorn,
-Jinja2). :func:`create_app` returns the view as an ASGI application over an
+Needs the ``ui`` extra (Starlette, uvicorn, Jinja2): ``pip install
+'/path/to/runifold[ui]'`` from a checkout, or ``'runifold[ui]'`` from a package
+index. :func:`create_app` returns the view as an ASGI application over an
 open store, for the ``runifold ui`` command or to mount in an application of
 your own (behind your own authentication).
 

@@ -89,7 +89,7 @@ def test_ui_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == [
         "runifold: error: `runifold ui` needs the ui extra, which is not installed (no module 'starlette'): "
-        "pip install 'runifold[ui]'"]
+        "pip install '/path/to/runifold[ui]' from a checkout, or 'runifold[ui]' from a package index"]
 
 
 def test_ui_command_binds_loopback_and_reports_its_errors_in_one_line(tmp_path: Path) -> None:
