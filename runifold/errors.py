@@ -299,8 +299,24 @@ class WaitTimeoutError(WorkflowError):
 
 
 def describe(exc: BaseException) -> str:
-    """Return ``Type: message`` for recording an exception in the history."""
-    return f"{type(exc).__name__}: {exc}"
+    """Return ``Type: message`` for recording an exception in the history (always recordable text: see
+    :func:`recordable`)."""
+    try:
+        message = str(exc)
+    except Exception as err:  # an exception whose __str__ raises is still a failure to record
+        message = f"<its message could not be read: {type(err).__name__}>"
+    return recordable(f"{type(exc).__name__}: {message}")
+
+
+def recordable(text: str) -> str:
+    """``text`` with what is not valid Unicode (lone surrogates, as ``os.fsdecode`` makes of undecodable bytes)
+    written as ``\\udcff`` escapes: an error's text is recorded whatever it holds, so the failure it describes
+    is handled as one (retried, caught) rather than failing the run for an unrecordable event."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def type_name(exc: BaseException) -> str:
@@ -317,7 +333,7 @@ def traceback_of(exc: BaseException) -> str:
     """Return the traceback of ``exc`` as text, cut to its last ``TRACEBACK_CHARS`` characters."""
     import traceback
 
-    text = "".join(traceback.format_exception(exc)).rstrip()
+    text = recordable("".join(traceback.format_exception(exc)).rstrip())
     if len(text) > TRACEBACK_CHARS:
         text = "...\n" + text[-TRACEBACK_CHARS:].split("\n", 1)[-1]
     return text

@@ -34,7 +34,7 @@ def _enc_hook(value: Any) -> Any:
         import pydantic
 
         if isinstance(value, pydantic.BaseModel):
-            return dump(mode="json")
+            return dump(mode="json", by_alias=True)  # what validation reads back (aliases, when fields have them)
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
@@ -178,9 +178,19 @@ def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
         adapter = None
     if adapter is not None:
         return adapter.validate_python(value)
-    if strict:
-        return msgspec.json.decode(msgspec.json.encode(value), type=type_)
-    return msgspec.convert(value, type_, strict=False)
+    try:
+        if strict:
+            return msgspec.json.decode(msgspec.json.encode(value), type=type_)
+        return msgspec.convert(value, type_, strict=False)
+    except TypeError as exc:  # msgspec cannot decode to this annotation at all
+        raise UnsupportedTypeError(
+            f"the annotation {_name(type_)} is not a type runifold can decode ({exc}); for a union of several "
+            "dataclasses or Structs use tagged msgspec Structs (tag=True), and give an Enum values of one kind"
+        ) from exc
+
+
+class UnsupportedTypeError(ValueError):
+    """An annotation msgspec cannot decode to (a union of two dataclasses, an Enum of mixed values, ...)."""
 
 
 RECORDED = "the type changed incompatibly: register the change as a new version"
@@ -192,12 +202,24 @@ def convert(value: Any, type_: Any, *, what: str, advice: str = RECORDED, strict
     ``advice`` ends the error's message: what to do about a value that does not fit. The default suits a
     value read back from the log (the code's type changed); data from a sender or an operator says
     what to send instead. ``strict`` is for data that comes from outside (inputs, signal payloads,
-    resolutions): see :func:`_to_type`.
+    resolutions): see :func:`_to_type`. Such data is decoded on every execution, so it must decode to the same
+    value every time: data that leaves out a field whose default is made anew at each decode (a
+    ``default_factory`` of ``uuid4`` or ``datetime.now``) is refused, as a replay would see another value.
     """
     if type_ is Any:
         return value
     try:
-        return _to_type(value, type_, strict)
+        converted = _to_type(value, type_, strict)
+        if strict:
+            first, second = _encoder.encode(converted), _encoder.encode(_to_type(value, type_, strict))
+            if first != second:
+                raise SerializationError(
+                    f"{what} decodes to another value each time (at {_where_differ(first, second)}): the data leaves "
+                    f"out a field whose default is made anew (a default_factory such as uuid4 or datetime.now), so "
+                    f"a replay would see another value; {advice}, with every such field given")
+        return converted
+    except UnsupportedTypeError as exc:
+        raise SerializationError(f"{what}: {exc}") from exc
     except ValueError as exc:  # msgspec.ValidationError and pydantic.ValidationError are ValueErrors
         raise SerializationError(
             f"{'recorded ' if advice is RECORDED else ''}value of {what} does not fit its annotated type "
@@ -218,6 +240,8 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     plain = to_plain(value, what=what)
     try:
         live = _to_type(plain, type_) if type_ is not Any else plain
+    except UnsupportedTypeError as exc:
+        raise SerializationError(f"{what}: {exc}") from exc
     except ValueError as exc:
         raise SerializationError(
             f"{what} returned a {type(value).__name__} that does not fit its annotated type "
@@ -267,6 +291,24 @@ def brief(exc: BaseException) -> str:
         except Exception:  # not pydantic's errors(): fall back to the message
             pass
     return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _where_differ(a: bytes, b: bytes) -> str:
+    """Where two JSON documents first differ: a path such as ``request_id`` or ``items[2].id`` (never the
+    values, which differ from one decode to the next)."""
+    def walk(x: Any, y: Any, path: str) -> str | None:
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in x:
+                found = walk(x[k], y.get(k), f"{path}.{k}" if path else str(k))
+                if found is not None:
+                    return found
+            return None
+        if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            return next((f for i, (u, v) in enumerate(zip(x, y)) if (f := walk(u, v, f"{path}[{i}]")) is not None),
+                        None)
+        return None if x == y else (path or "the value")
+
+    return walk(_any_decoder.decode(a), _any_decoder.decode(b), "") or "the value"
 
 
 def _name(type_: Any) -> str:

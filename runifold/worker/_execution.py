@@ -61,6 +61,7 @@ from runifold.errors import (
     StoreError,
     StoreUnavailableError,
     describe,
+    recordable,
     traceback_of,
     type_name,
 )
@@ -600,6 +601,7 @@ class Execution(LiveProgress, Replaying):
     async def _finish_failed(self, failure: tuple[str, BaseException | None, str] | None) -> Outcome:
         assert failure is not None
         reason, exc, key = failure
+        reason = recordable(reason)
         error_type = "" if exc is None else type_name(exc)
         tb = "" if exc is None or exc.__traceback__ is None else traceback_of(exc)
         self._buffer.append(RunFailed(key=key, reason=reason, error_type=error_type, traceback=tb))

@@ -444,7 +444,7 @@ class LiveProgress:
                 exc = err
             finally:
                 _KEY.reset(bound)
-            self._finished.append((start.call, value, exc, start.what))
+            self._finished.append((start.call, *_outcome(value, exc), start.what))
             return
         for start in starts:
             # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
@@ -465,7 +465,7 @@ class LiveProgress:
         else:
             exc = task.exception()  # retrieved here: an execution that stops before collecting it records nothing
             if exc is None:
-                value = task.result()
+                value, exc = _outcome(task.result(), None)
         if not self._closing:
             self._finished.append((start.call, value, exc, start.what))
             self._wake_up()
@@ -665,19 +665,40 @@ class LiveProgress:
             self._failure = (str(exc), exc, key)
 
 
+class _Raised(NamedTuple):
+    """What a body that raised a BaseException other than CancelledError returns instead (see :func:`_body`)."""
+
+    exc: BaseException
+
+
+def _outcome(value: Any, exc: BaseException | None) -> tuple[Any, BaseException | None]:
+    """A body's ``(value, exception)``, with what :func:`_body` caught as the exception."""
+    return (None, value.exc) if type(value) is _Raised else (value, exc)
+
+
 async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
-    """Run one body: a coroutine function on this loop, a plain function in a worker thread."""
-    if timeout is None:
-        if _is_async(fn):
-            return await fn(*args, **kwargs)
-        return await _call(fn, args, kwargs)
+    """Run one body: a coroutine function on this loop, a plain function in a worker thread.
+
+    A BaseException it raises other than CancelledError (``sys.exit`` in a library, ``KeyboardInterrupt``, one of
+    its own) is returned as :class:`_Raised`: it fails the attempt like any exception, and never reaches the
+    worker's loop (asyncio lets SystemExit and KeyboardInterrupt out of a task, which would end the worker).
+    """
     try:
-        async with asyncio.timeout(timeout):
+        if timeout is None:
+            if _is_async(fn):
+                return await fn(*args, **kwargs)
             return await _call(fn, args, kwargs)
-    except TimeoutError as exc:
-        if str(exc):
-            raise  # the body's own timeout, with its own message
-        raise TimeoutError(f"the attempt took longer than its timeout of {timeout:g} s") from None
+        try:
+            async with asyncio.timeout(timeout):
+                return await _call(fn, args, kwargs)
+        except TimeoutError as exc:
+            if str(exc):
+                raise  # the body's own timeout, with its own message
+            raise TimeoutError(f"the attempt took longer than its timeout of {timeout:g} s") from None
+    except (Exception, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        return _Raised(exc)
 
 
 async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

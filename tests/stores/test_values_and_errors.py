@@ -1,0 +1,255 @@
+"""Values and exceptions of ordinary workflow code that broke the promise (helper-22), on every store."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+import uuid
+from collections import Counter
+from datetime import timedelta
+from typing import Any
+
+import pydantic
+import pytest
+
+from runifold import (
+    Completed,
+    Failed,
+    InvalidInputError,
+    RetryPolicy,
+    SerializationError,
+    StepFailedError,
+    Suspended,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    step,
+    workflow,
+)
+from runifold.history import StepFailed
+from tests.corpus.check import replay_problems
+from tests.support import entries, event_types, send_signal, worker
+
+ran: Counter[str] = Counter()
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    ran.clear()
+
+
+# -- data from outside whose default is made anew at each decode -------------------------------------------
+
+
+@dataclasses.dataclass
+class Order:
+    order_id: str
+    request_id: uuid.UUID = dataclasses.field(default_factory=uuid.uuid4)
+
+
+@step()
+async def charge(order_id: str, request_id: uuid.UUID) -> str:
+    ran[order_id] += 1
+    return f"{order_id}:{request_id}"
+
+
+@workflow("takes-an-order")
+async def takes_an_order(ctx: WorkflowContext, order: Order) -> str:
+    charged = await charge(order.order_id, order.request_id)
+    await ctx.sleep(timedelta(milliseconds=10))
+    return charged
+
+
+@workflow("approves-an-order")
+async def approves_an_order(ctx: WorkflowContext) -> str:
+    try:
+        order = await ctx.wait_signal("order", type=Order)
+    except SerializationError as exc:
+        return str(exc)
+    return await charge(order.order_id, order.request_id)
+
+
+async def test_data_whose_default_is_made_anew_at_each_decode_is_refused(store: Any) -> None:
+    """An input or a signal payload that leaves out a field with a default_factory (uuid4) decoded to another
+    value at every execution: the step was charged with one request id and the run completed with another, and
+    the completed run diverged on replay. Now the input is refused at the check (and by the run, unchecked), the
+    payload at the wait; a full value (the caller's own instance, dumped) is taken."""
+    registry = WorkflowRegistry(WorkflowDefinition(takes_an_order), WorkflowDefinition(approves_an_order,
+                                                                                         signals={"order": {"*"}}))
+    defs = [registry.definition_for(n, v) for n, v in registry.versions()]
+    partial = WorkflowTask("takes-an-order", 1, {"order": {"order_id": "o-1"}}, checkpoint_id="o1")
+    with pytest.raises(InvalidInputError, match=r"parameter 'order' decodes to another value each time \(at "
+                                                r"request_id\): the data leaves out a field whose default is made anew"):
+        registry.validate(partial)
+    await store.enqueue(partial)  # unchecked: the run refuses it at its first execution, before any step
+    failed = await worker(store, *defs).run_once()
+    assert isinstance(failed, Failed) and failed.run_failed and "decodes to another value each time" in failed.reason
+    assert ran == Counter()
+
+    full = {"order": {"order_id": "o-2", "request_id": str(uuid.uuid4())}}
+    await store.enqueue(registry.validate(WorkflowTask("takes-an-order", 1, full, checkpoint_id="o2")))
+    for _ in range(20):
+        done = await worker(store, *defs).run_once()
+        if isinstance(done, Completed):
+            break
+        await asyncio.sleep(0.02)
+    assert isinstance(done, Completed) and done.output == f"o-2:{full['order']['request_id']}"
+    assert not await replay_problems(store, registry, "o2", done.output)
+
+    await store.enqueue(WorkflowTask("approves-an-order", 1, {}, checkpoint_id="a1"))
+    assert isinstance(await worker(store, *defs).run_once(), Suspended)
+    await send_signal(store, "a1", "order", "s1", {"order_id": "o-3"})
+    done = await worker(store, *defs).run_once()
+    assert isinstance(done, Completed) and "decodes to another value each time (at request_id)" in done.output
+    assert ran == Counter({"o-2": 1})
+    assert not await replay_problems(store, registry, "a1", done.output)
+
+
+# -- pydantic models with aliases --------------------------------------------------------------------------
+
+
+class Invoice(pydantic.BaseModel):
+    order_id: str = pydantic.Field(alias="orderId")
+    total_cents: int = pydantic.Field(alias="totalCents")
+
+
+@step()
+async def fetch_invoice(order_id: str) -> Invoice:
+    return Invoice(orderId=order_id, totalCents=990)
+
+
+@workflow("invoiced")
+async def invoiced(ctx: WorkflowContext, invoice: Invoice) -> Invoice:
+    fetched = await fetch_invoice(invoice.order_id)
+    await ctx.sleep(timedelta(milliseconds=10))
+    return Invoice(orderId=fetched.order_id, totalCents=fetched.total_cents + invoice.total_cents)
+
+
+async def test_a_pydantic_model_with_aliases_round_trips(store: Any) -> None:
+    """Models were dumped by field name and validated by alias, so a step returning one was refused ("Field
+    required") and a model instance as input failed the run."""
+    definition = WorkflowDefinition(invoiced)
+    task = WorkflowRegistry(definition).validate(
+        WorkflowTask("invoiced", 1, {"invoice": Invoice(orderId="o-1", totalCents=10)}, checkpoint_id="i1"))
+    await store.enqueue(task)
+    for _ in range(20):
+        done = await worker(store, definition).run_once()
+        if isinstance(done, Completed):
+            break
+        await asyncio.sleep(0.02)
+    assert isinstance(done, Completed) and done.output == Invoice(orderId="o-1", totalCents=1000)
+    assert not await replay_problems(store, WorkflowRegistry(definition), "i1", done.output)
+
+
+# -- exceptions --------------------------------------------------------------------------------------------
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=timedelta(0)))
+async def rejects_upload(name: bytes) -> str:
+    raise ValueError(f"not a CSV file: {os.fsdecode(name)}")
+
+
+@workflow("uploads")
+async def uploads(ctx: WorkflowContext) -> str:
+    try:
+        return await rejects_upload(b"photo\xff.png")
+    except StepFailedError as exc:
+        return f"rejected: {exc.error}"
+
+
+async def test_an_exception_message_that_is_not_valid_unicode_is_a_step_failure(store: Any) -> None:
+    """A step raising an error whose text holds a lone surrogate (os.fsdecode of undecodable bytes) failed the
+    whole run as an unrecordable event: no retry, and the workflow's ``except StepFailedError`` never ran. The
+    text is recorded with the surrogate escaped."""
+    definition = WorkflowDefinition(uploads)
+    await store.enqueue(WorkflowTask("uploads", 1, {}, checkpoint_id="u1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "rejected: ValueError: not a CSV file: photo\\udcff.png"
+    assert await event_types(store, "u1") == ["run_started", "step_failed", "step_failed", "run_completed"]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "u1", done.output)
+
+
+class Abort(BaseException):
+    pass
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=timedelta(0)))
+async def exits(how: str) -> str:
+    ran[how] += 1
+    if how == "exit":
+        sys.exit(3)  # a command-line library used inside a step
+    raise Abort("stop everything")
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=timedelta(0)))
+def interrupted() -> str:  # a plain def step: runs in a thread
+    ran["interrupt"] += 1
+    raise KeyboardInterrupt
+
+
+@workflow("exits")
+async def exits_workflow(ctx: WorkflowContext) -> list[str]:
+    async def caught(call: Any) -> str:
+        try:
+            return await call
+        except StepFailedError as exc:
+            return exc.error_type
+
+    alone = await caught(exits("exit"))  # the only call in flight: the driver awaits its body itself
+    together = await asyncio.gather(caught(exits("abort")), caught(interrupted()))  # bodies as tasks
+    return [alone, *together]
+
+
+async def test_a_base_exception_raised_by_a_body_fails_its_attempt_not_the_worker(store: Any) -> None:
+    """sys.exit in a step ended the worker process (asyncio lets SystemExit out of its loop), and a BaseException
+    of the code's own left the run recovering lease after lease. Each now fails its attempt, is retried by the
+    step's policy, and reaches the workflow as StepFailedError."""
+    definition = WorkflowDefinition(exits_workflow)
+    await store.enqueue(WorkflowTask("exits", 1, {}, checkpoint_id="e1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed)
+    assert done.output == ["SystemExit", f"{__name__}.Abort", "KeyboardInterrupt"]
+    assert ran == Counter({"exit": 2, "abort": 2, "interrupt": 2})
+    failures = [e.event for e in await entries(store, "e1") if isinstance(e.event, StepFailed)]
+    assert len(failures) == 6 and all(f.traceback for f in failures)
+    assert not await replay_problems(store, WorkflowRegistry(definition), "e1", done.output)
+
+
+# -- annotations the codec cannot decode to ---------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Card:
+    number: str
+
+
+@dataclasses.dataclass
+class Iban:
+    iban: str
+
+
+@step()
+async def payment_method(kind: str) -> Card | Iban:
+    return Card("4242") if kind == "card" else Iban("DE00")
+
+
+@workflow("pays")
+async def pays(ctx: WorkflowContext) -> str:
+    try:
+        return str(await payment_method("card"))
+    except StepFailedError as exc:
+        return exc.error
+
+
+async def test_an_annotation_the_codec_cannot_decode_to_fails_the_step_saying_so(store: Any) -> None:
+    """A union of two dataclasses raised msgspec's TypeError out of the driver: the worker logged an unexpected
+    error and the run recovered lease after lease until its recovery budget ran out."""
+    await store.enqueue(WorkflowTask("pays", 1, {}, checkpoint_id="p1"))
+    done = await worker(store, WorkflowDefinition(pays)).run_once()
+    assert isinstance(done, Completed)
+    assert done.output.startswith("SerializationError: step payment_method#1: the annotation")
+    assert "is not a type runifold can decode (Type unions may not contain more than one" in done.output
+    assert "use tagged msgspec Structs (tag=True)" in done.output
