@@ -86,20 +86,22 @@ def _on_stop(supervisor: Supervisor, grace: float, log_format: str) -> None:
     state = {"signals": 0}
 
     def say(now: bool, text: str) -> None:
-        if log_format == "json":
-            get_logger("runifold.cli").warning("worker_stopping", now=now, grace_seconds=0 if now else grace,
-                                               message=text)
-        else:
-            print(text, file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):  # stderr's reader went away (`| head`): stopping goes on
+            if log_format == "json":
+                get_logger("runifold.cli").warning("worker_stopping", now=now, grace_seconds=0 if now else grace,
+                                                   message=text)
+            else:
+                print(text, file=sys.stderr, flush=True)
 
     def handle() -> None:
         state["signals"] += 1
+        # invariant: the stop comes first; saying so can fail (a closed pipe) and must not prevent it
         if state["signals"] == 1:
-            say(False, f"stopping: in-flight runs get up to {grace:g} s; send SIGTERM or press Ctrl-C again to stop at once")
             supervisor.stop()
+            say(False, f"stopping: in-flight runs get up to {grace:g} s; send SIGTERM or press Ctrl-C again to stop at once")
         else:
-            say(True, "stopping now: in-flight runs are cancelled and their leases released")
             supervisor.stop(now=True)
+            say(True, "stopping now: in-flight runs are cancelled and their leases released")
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

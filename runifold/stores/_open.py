@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from runifold.errors import ConfigurationError
 
@@ -56,10 +56,18 @@ def sqlite_path(url: str) -> str | None:
 def _sqlite(url: str) -> tuple[str, bool] | None:
     """The file a SQLite URL (or a plain path ending in ``.db``) names, and whether it says ``?mode=ro``; None
     for a PostgreSQL or memory URL. The one place a store URL is read."""
-    if url.startswith(("postgresql://", "postgres://")) or url == "memory:":
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            urlsplit(url).port  # noqa: B018 - raises for a port that is no number or out of range, a bad IPv6 host
+        except ValueError as exc:  # the URL itself is not repeated: it may hold a password
+            raise ConfigurationError(f"unrecognised PostgreSQL URL ({exc}); use postgresql://user@host:port/db") from None
+        return None
+    if url == "memory:":
         return None
     if url.startswith("sqlite://"):
         path, _, query = url.removeprefix("sqlite://").partition("?")
+        if path == "/":
+            raise ConfigurationError(f"the SQLite URL {url!r} names no file: sqlite:///relative.db or sqlite:////abs/path.db")
         if not path.startswith("/"):
             raise ConfigurationError(f"a SQLite URL takes three slashes before a relative path and four before an "
                                      f"absolute one: sqlite:///{path or 'relative.db'} or sqlite:////abs/path.db, "

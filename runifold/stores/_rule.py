@@ -70,6 +70,15 @@ def fence(run: RunState | None, lease: Lease, expected: int, now: float) -> str 
     return None
 
 
+def renewal_refused(status: RunStatus | None) -> str:
+    """Why a lease could not be renewed, as every store says it (``status``: the run's, None if it is gone)."""
+    if status is None:
+        return RUN_GONE
+    if status is RunStatus.CANCELLED:
+        return RUN_CANCELLED
+    return "fenced off by a newer lease, or the lease expired"
+
+
 def is_own_retry(
     run: RunState | None,
     lease: Lease,

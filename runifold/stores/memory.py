@@ -234,7 +234,7 @@ class MemoryWorkflowStore:
         now = self._clock()
         run = self._runs.get(lease.run_id)
         if _rule.fence(None if run is None else run.state(), lease, run.revision if run else 0, now) is not None:
-            raise LeaseLostError(lease.run_id)
+            raise LeaseLostError(lease.run_id, _rule.renewal_refused(None if run is None else run.status))
         assert run is not None
         run.lease_until = now + lease_seconds
         self._schedule(run, run.lease_until)

@@ -379,9 +379,9 @@ class PostgresWorkflowStore:
 
     async def renew(self, lease: Lease, lease_seconds: float) -> Lease:
         async def op(conn: asyncpg.Connection) -> Lease:
-            until = await conn.fetchval(Q["renew"], lease.run_id, lease.token, lease_seconds)
+            until, status = await conn.fetchrow(Q["renew"], lease.run_id, lease.token, lease_seconds)
             if until is None:
-                raise LeaseLostError(lease.run_id)
+                raise LeaseLostError(lease.run_id, _rule.renewal_refused(status and RunStatus(status)))
             return Lease(lease.run_id, lease.owner, lease.token, until)
 
         return await self._call(op)
@@ -775,11 +775,12 @@ class _Pool:
 
     async def close(self) -> None:
         closing, self._open, self._idle = self._open, set(), []
+        # all at once, within one bound: a stalled server must not hold up a stop once per connection
+        with contextlib.suppress(*_DRIVER_ERRORS, asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(c.close() for c in closing), return_exceptions=True),
+                                   min(1.0, self._command_timeout))
         for conn in closing:
-            try:
-                await asyncio.wait_for(conn.close(), self._command_timeout)
-            except (*_DRIVER_ERRORS, asyncio.TimeoutError):
-                conn.terminate()
+            conn.terminate()  # what did not close in time (a closed connection ignores it)
 
 
 def _logged(task: asyncio.Future[None]) -> None:

@@ -433,7 +433,7 @@ class SqliteWorkflowStore:
             row = conn.execute(RUN["run_id"], (lease.run_id,)).fetchone()
             run = None if row is None else _state(row)
             if _rule.fence(run, lease, row[5] if row else 0, now) is not None:
-                raise LeaseLostError(lease.run_id)
+                raise LeaseLostError(lease.run_id, _rule.renewal_refused(None if run is None else run.status))
             until = now + lease_seconds
             conn.execute(Q["renew"], (until, until, lease.run_id))
             return Lease(lease.run_id, lease.owner, lease.token, until)

@@ -332,7 +332,10 @@ class StoreConformance(ScheduleAndLimitConformance):
                               [EventRow.of(RunCancelled(by="ops", reason="test"))], RunStatus.CANCELLED)
         with pytest.raises(LeaseLostError) as lost:
             await store.commit(lease, 1, [step_row("a#1")], Continue())
-        # the holder is told why: the run will not go on anywhere
+        # the holder is told why: the run will not go on anywhere (and by a renewal alike)
+        assert "the run was cancelled; nothing was written" in str(lost.value)
+        with pytest.raises(LeaseLostError) as lost:
+            await store.renew(lease, 30.0)
         assert "the run was cancelled; nothing was written" in str(lost.value)
         assert "another worker" not in str(lost.value)
         assert [e.type for e in await store.history("c1")] == ["run_started", "run_cancelled"]

@@ -579,6 +579,7 @@ class Execution(LiveProgress, Replaying):
             self._lost = detail
             self.log.warning("lease_lost", detail=detail)
             self._wake_up()
+            self._stop_alone()
 
     # -- endings -------------------------------------------------------------------------------------
 

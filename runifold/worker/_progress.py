@@ -108,10 +108,13 @@ class LiveProgress:
     _loop: WorkflowLoop
     _failure: tuple[str, BaseException | None, str] | None
     _closing: bool
+    _lost: str | None  # why the lease was lost, once it was
     _replaying: bool
     _flush: bool  # commit the buffer at the next pass, outcome or not
     _inbox_read: float  # the store's clock when the run's inbox was last read (the claim read it)
     _inbox_due: float | None  # when to read it next, while a signal wait is open (see _wait_end)
+    #: the driver's task while it awaits a body itself (see _launch): what stops the body when the lease is lost
+    _alone: asyncio.Task[Any] | None = None
 
     def store_time(self) -> float:
         raise NotImplementedError
@@ -433,16 +436,19 @@ class LiveProgress:
             exc: BaseException | None = None
             # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
             bound = _KEY.set(start.call.key)
+            self._alone = task = asyncio.current_task()
             try:
                 value = await _body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
-                task = asyncio.current_task()
                 if task is not None and task.cancelling():
-                    raise  # the worker itself is being cancelled
+                    if self._lost is None or task.uncancel() > 0:
+                        raise  # the worker itself is being cancelled
+                    return  # the lease was lost (see _stop_alone): the body's outcome is dropped, the driver stops
                 exc = err  # the body raised CancelledError itself: a failure like any other
             except Exception as err:
                 exc = err
             finally:
+                self._alone = None
                 _KEY.reset(bound)
             self._finished.append((start.call, *_outcome(value, exc), start.what))
             return
@@ -454,6 +460,11 @@ class LiveProgress:
             start.call.body = task
             self._bodies.add(task)
             task.add_done_callback(functools.partial(self._body_done, start))
+
+    def _stop_alone(self) -> None:
+        """The lease is lost: stop the body the driver awaits itself, as bodies running as tasks are stopped."""
+        if self._alone is not None:
+            self._alone.cancel()
 
     def _body_done(self, start: _Start, task: asyncio.Task[Any]) -> None:
         self._bodies.discard(task)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 
 from runifold import RunStatus, open_store
-from tests.cli.conftest import Cli, key_file, run_worker_until
+from tests.cli.conftest import ROOT, Cli, key_file, run_worker_until
 
 
 def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
@@ -154,3 +155,23 @@ async def test_sigterm_releases_in_flight_runs(any_cli: Cli) -> None:
             assert types == ["run_started", "step_completed", "run_completed"]
     finally:
         await store.close()
+
+
+def test_sigterm_stops_a_worker_whose_stderr_reader_went_away(cli: Cli) -> None:
+    """`runifold worker ... 2>&1 | head -1`: the reader is gone, so saying "stopping" raised BrokenPipeError before
+    the stop was asked for, and neither SIGTERM nor a second one stopped the worker (helper-23)."""
+    assert cli("enqueue", "slow", "1", "--input", json.dumps({"tag": "p"}), "--checkpoint-id", "p1").returncode == 0
+    worker = subprocess.Popen(cli.argv("worker", "--grace", "0.5", "--idle-wait", "0.1"), cwd=ROOT,
+                              env={**cli.env, "RUNIFOLD_TEST_SLOW": "30"}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(cli.tmp.glob("started-*")):
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.05)
+        assert worker.stderr is not None
+        worker.stderr.close()  # the reader goes away
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=15) == 0
+    finally:
+        worker.kill()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -20,6 +21,7 @@ from runifold import (
     Failed,
     Idle,
     InvalidStateError,
+    LeaseLost,
     Resolution,
     ResumePolicy,
     RetryPolicy,
@@ -343,3 +345,36 @@ async def test_a_repeat_after_a_crash_with_the_effect_attempt_budget_spent_is_pa
     assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
     assert "effect-attempt budget (1) is spent" in outcome.detail and calls["blocks"] == 1
     assert (await store.get_run("b1")).status is RunStatus.PARKED
+
+
+@step()
+async def long_step(name: str) -> str:
+    calls[f"{name} started"] += 1
+    try:
+        await asyncio.sleep(30)
+    except asyncio.CancelledError:
+        calls[f"{name} stopped"] += 1
+        raise
+    return name
+
+
+@workflow("long-steps")
+async def long_steps(ctx: WorkflowContext, n: int) -> list[str]:
+    return list(await asyncio.gather(*(long_step(f"s{i}") for i in range(n))))
+
+
+@pytest.mark.parametrize("n", [1, 2], ids=["awaited-by-the-driver", "as-tasks"])
+async def test_cancelling_a_run_stops_its_step_bodies_in_flight(store: Any, n: int) -> None:
+    """The worker learns of the cancellation at its next renewal and stops the bodies in flight then: a lone body
+    (which the driver awaits itself) ran on to its end, holding the worker's slot (helper-23). The worker says the
+    run was cancelled, not that another worker may continue it."""
+    await store.enqueue(WorkflowTask("long-steps", 1, {"n": n}, checkpoint_id="l1"))
+    running = asyncio.ensure_future(worker(store, WorkflowDefinition(long_steps), lease=1.5).run_once())
+    await asyncio.sleep(0.2)
+    await cancel_run(store, "l1", by="ops", reason="no longer needed")
+    started = time.monotonic()
+    lost = await asyncio.wait_for(running, 10)
+    assert time.monotonic() - started < 2.0  # the next renewal (every 0.5 s), not the body's 30 s
+    assert isinstance(lost, LeaseLost) and "the run was cancelled; nothing was written" in lost.detail
+    assert calls == Counter({**{f"s{i} started": 1 for i in range(n)}, **{f"s{i} stopped": 1 for i in range(n)}})
+    assert await event_types(store, "l1") == ["run_started", "run_cancelled"]

@@ -158,3 +158,22 @@ async def test_a_supervisor_stops_within_its_grace_period_during_a_stall(proxy: 
         assert stopped < grace + COMMAND_TIMEOUT + 0.5, stopped
     finally:
         await asyncio.wait_for(store.close(), 10)
+
+
+async def test_closing_the_store_in_a_stall_is_bounded_once_for_all_its_connections(
+        proxy: tuple[StallingProxy, str]) -> None:
+    """The pool closed its connections one by one, each waiting up to the command timeout in a stall: a worker
+    holding several took that many times 10 s to exit after its grace (helper-23). They close together now, within
+    one bound of 1 s, and what did not close in time is dropped."""
+    stalling, dsn = proxy
+    store = await PostgresWorkflowStore.open(dsn, command_timeout=10, retry_seconds=30)
+    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+
+    await asyncio.gather(*(store.count_runs() for _ in range(4)))  # at once: each opens a connection, kept idle
+    assert store._pool.get_idle_size() >= 2
+    stalling.stall()
+    started = time.monotonic()
+    await asyncio.wait_for(store.close(), 60)
+    closed = time.monotonic() - started
+    print(f"closed in a stall after {closed:.2f} s")
+    assert closed < 2.0, closed

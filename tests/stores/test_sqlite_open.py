@@ -173,6 +173,16 @@ async def test_a_mistyped_store_url_is_refused_saying_which_forms_there_are(tmp_
             await open_store(url)
     with pytest.raises(ConfigurationError, match=r"a SQLite URL takes three slashes .* sqlite:///my.db or"):
         await open_store("sqlite://my.db")
+    with pytest.raises(ConfigurationError, match=r"the SQLite URL 'sqlite:///' names no file"):
+        await open_store("sqlite:///")
+    # a PostgreSQL URL whose port or host cannot be read was a ValueError or OverflowError (exit 3, "a bug");
+    # the message never repeats the URL, which may hold a password (helper-23)
+    for url, why in (("postgresql://u:pw@127.0.0.1:99999/db", "Port out of range 0-65535"),
+                     ("postgresql://u:pw@127.0.0.1:abc/db", "Port could not be cast to integer value as 'abc'"),
+                     ("postgresql://u:pw@[::1/db", "Invalid IPv6 URL")):
+        with pytest.raises(ConfigurationError) as refused:
+            await open_store(url)
+        assert str(refused.value) == f"unrecognised PostgreSQL URL ({why}); use postgresql://user@host:port/db"
     assert list(tmp_path.iterdir()) == []
     store = await open_store("plain.db")  # a plain path ending in .db is a SQLite file, as documented
     await store.close()

@@ -89,10 +89,12 @@ CROSS JOIN LATERAL (
 ) i
 
 -- name: renew
-WITH n AS (SELECT runifold_now() AS now)
-UPDATE runifold_runs SET lease_until = n.now + $3, due_at = n.now + $3 FROM n
-WHERE run_id = $1 AND status = 'running' AND lease_token = $2 AND lease_until > n.now
-RETURNING lease_until
+-- the new lease end, or NULL with the run's status (NULL too: the run is gone) to say why not
+WITH n AS (SELECT runifold_now() AS now), u AS (
+    UPDATE runifold_runs SET lease_until = n.now + $3, due_at = n.now + $3 FROM n
+    WHERE run_id = $1 AND status = 'running' AND lease_token = $2 AND lease_until > n.now
+    RETURNING lease_until)
+SELECT (SELECT lease_until FROM u), (SELECT status FROM runifold_runs WHERE run_id = $1)
 
 -- name: commit
 SELECT item, ok, new_revision, at, detail FROM runifold_commit($1, $2, $3, $4, $5, $6, $7, $8)
