@@ -466,10 +466,10 @@ class Execution(LiveProgress, Replaying):
         passes = 0
         while True:
             passes += 1
-            if passes % _YIELD_EVERY == 0:
-                # invariant: the driver lets the worker's loop run at least every _YIELD_EVERY passes, however
-                # busy workflow code keeps it (polling with sleep(0), timers due at once): bodies, lease
-                # renewals, other runs and a stop request go on meanwhile
+            if passes % _YIELD_EVERY == 0 or loop.busy:
+                # invariant: the driver lets the worker's loop run at least every _YIELD_EVERY passes, and after
+                # each pass that workflow code left still running (polling with sleep(0)), however busy it keeps
+                # the driver: bodies, lease renewals, other runs and a stop request go on meanwhile
                 await asyncio.sleep(0)
             loop.run_ready()
             if self._divergence is not None:
@@ -480,7 +480,7 @@ class Execution(LiveProgress, Replaying):
                 self._deliver_next()
                 continue
             if self._replaying:
-                if self._replay_next():
+                if self._replay_next() or loop.has_ready:  # still running (a busy loop): not idle, so not stuck
                     continue
                 self._divergence = self._stuck()
                 continue

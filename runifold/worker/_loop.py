@@ -77,6 +77,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._timers: dict[asyncio.TimerHandle, Callable[[], None]] = {}
         self._closed = False
         self._stepping = False
+        #: the last run_ready stopped at its limit with workflow code still runnable (a busy loop)
+        self.busy = False
         #: every task created on this loop that has not finished (strong references)
         self.tasks: set[asyncio.Task[Any]] = set()
         #: the asyncio.as_completed call creating tasks now: its frame, the list it was given, the task number
@@ -93,6 +95,7 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         workflow code polling with ``sleep(0)`` is always ready, and the driver must go on (let the worker's
         loop run, unwind a run's tasks) whatever it does."""
         ready = self._ready
+        self.busy = False
         if not ready:
             return
         outer = asyncio.events._get_running_loop()
@@ -108,6 +111,7 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
                 limit -= 1
         finally:
             self._stepping = False
+            self.busy = bool(ready)
             sys.set_asyncgen_hooks(*outer_hooks)
             asyncio.events._set_running_loop(outer)
 

@@ -192,6 +192,34 @@ async def test_workflow_code_polling_a_task_does_not_hold_the_worker(store: Any,
     assert not await replay_problems(store, WorkflowRegistry(definition), "p1", done.output)
 
 
+@step()
+async def fetched_soon() -> int:
+    await asyncio.sleep(0.05)
+    return 42
+
+
+@workflow("polls-the-clock")
+async def polls_the_clock(ctx: WorkflowContext) -> list[Any]:
+    task = asyncio.create_task(fetched_soon())
+    start, passes = ctx.now(), 0
+    while not task.done():  # a deadline checked on every pass: a value recorded on each
+        await asyncio.sleep(0)
+        passes += 1
+        if ctx.now() - start > timedelta(seconds=30):
+            return ["gave up"]
+    return [task.result(), passes > 1000]
+
+
+async def test_a_busy_loop_recording_values_replays(store: Any) -> None:
+    """A sleep(0) loop checking ctx.now() records a value per pass, thousands before the step ends; the replay ran
+    1,000 callbacks, took the still-running code for blocked and reported a divergence at now#1000 (helper-26)."""
+    definition = WorkflowDefinition(polls_the_clock)
+    await store.enqueue(WorkflowTask("polls-the-clock", 1, {}, checkpoint_id="pc1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == [42, True]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "pc1", done.output)
+
+
 @workflow("extends-its-timeout")
 async def extends_its_timeout(ctx: WorkflowContext) -> str:
     loop = asyncio.get_running_loop()
