@@ -45,6 +45,9 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
     exist, so a mistyped path is an error, not an empty store. Commands that
     only read (``readonly``) open a SQLite file read-only.
     """
+    if args.store == "memory:":  # it would live and die with this one command: `enqueue` would "succeed"
+        raise UsageError("--store memory: is a store inside one process, gone when this command ends; the command "
+                         "line needs a SQLite file (sqlite:///runifold-workflows.db) or PostgreSQL")
     try:
         path = sqlite_path(args.store)
     except ConfigurationError as exc:

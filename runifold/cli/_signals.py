@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     signal = sub.add_parser("signal", help="sign a signal with the sender's key and deliver it, verified against --keys")
     signal.add_argument("run", help="run id or checkpoint id")
     signal.add_argument("name", help="signal name, e.g. approval")
-    signal.add_argument("--payload", default="{}", help="JSON payload")
+    signal.add_argument("--payload", default="{}", help="JSON payload (default {})")
     signal.add_argument("--signal-id", required=True, help="your id for this signal; resending it is deduplicated")
     signal.add_argument("--as", dest="sender", required=True, help="the sender's identity")
     signal.add_argument("--key-file", required=True, help="the sender's key file (signs; see `runifold keys new`)")

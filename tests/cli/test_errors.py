@@ -87,6 +87,13 @@ def test_read_only_commands_never_create_a_store(cli: Cli) -> None:
     assert not missing.exists()
 
 
+def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:
+    """`--store memory:` lives and dies with one command: `enqueue` printed "enqueued run_..." for a run already
+    gone (helper-23)."""
+    for args in (["enqueue", "steps", "1", "--input", '{"n": 1}'], ["runs", "list"], ["worker", "--idle-wait", "0.1"]):
+        one_line_error(cli(*args, "--store", "memory:"), 2, "--store memory: is a store inside one process")
+
+
 def test_unknown_runs_are_refusals(cli: Cli) -> None:
     """An unknown run is exit 1 for every command that names one, audit included."""
     enqueued(cli)
