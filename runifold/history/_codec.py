@@ -260,7 +260,9 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
         elif isinstance(value, dict) and any(not isinstance(k, str) for k in value):
             hint = "JSON object keys are strings: annotate the key type (e.g. -> dict[int, str]) or use string keys"
         else:
-            hint = f"annotate the return type (e.g. -> {type(value).__name__}) or return plain JSON data"
+            hint = (f"annotate the return type (e.g. -> {type(value).__name__}) or return plain JSON data (an "
+                    "annotation Python cannot resolve when the code runs, such as a type imported only under "
+                    "TYPE_CHECKING, counts as none)")
         raise SerializationError(
             f"{what} returned {_describe(value)}, which would come back from the log as "
             f"{_describe(live)}; a replay must see what the live call saw: {hint}"

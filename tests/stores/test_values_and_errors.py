@@ -253,3 +253,26 @@ async def test_an_annotation_the_codec_cannot_decode_to_fails_the_step_saying_so
     assert done.output.startswith("SerializationError: step payment_method#1: the annotation")
     assert "is not a type runifold can decode (Type unions may not contain more than one" in done.output
     assert "use tagged msgspec Structs (tag=True)" in done.output
+
+
+@step()
+async def card_typed_elsewhere() -> "ImportedOnlyForTypeChecking":  # type: ignore[name-defined]  # noqa: F821
+    return Card("4242")
+
+
+@workflow("annotated-elsewhere")
+async def annotated_elsewhere(ctx: WorkflowContext) -> str:
+    try:
+        return str(await card_typed_elsewhere())
+    except StepFailedError as exc:
+        return exc.error
+
+
+async def test_an_annotation_that_cannot_be_resolved_is_named_in_the_refusal(store: Any) -> None:
+    """A return type imported only under TYPE_CHECKING cannot be resolved when the code runs, so the step counts
+    as unannotated; the refusal said "annotate the return type" of a step that is annotated (helper-22)."""
+    await store.enqueue(WorkflowTask("annotated-elsewhere", 1, {}, checkpoint_id="ae1"))
+    done = await worker(store, WorkflowDefinition(annotated_elsewhere)).run_once()
+    assert isinstance(done, Completed)
+    assert "an annotation Python cannot resolve when the code runs, such as a type imported only under " \
+           "TYPE_CHECKING, counts as none" in done.output
