@@ -652,7 +652,8 @@ class LiveProgress:
                                                detail=evidence.detail)], live)
         elif evidence.verdict == Verdict.NOT_APPLIED:
             if attempt >= spec.retry.max_attempts:
-                self._park(call, f"not applied after {attempt} attempt(s) with unknown outcomes",
+                self._park(call, f"reconciled as not applied after {attempt} attempt(s), each ended without a "
+                                 "known outcome (a crash, or an unknown result)",
                            [EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)])
                 return
             if not self._retry_allowed(call):
