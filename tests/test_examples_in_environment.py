@@ -134,3 +134,19 @@ async def test_a_child_the_environment_cannot_run_is_named() -> None:
         run = await env.start(needs_a_child, {})
         with pytest.raises(AssertionError, match=r"'helper-child' v1\) is due, but this environment has no definition"):
             await env.result(run)
+
+
+async def test_the_environment_refuses_what_production_refuses() -> None:
+    """An empty signal id, which the gateway refuses, got a generated one here; a naive start was read in the
+    machine's time zone, so a test's dates depended on where it ran (helper-28)."""
+    import datetime as dt
+
+    from runifold import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"takes an aware datetime"):
+        WorkflowEnvironment(approval.registry, start=dt.datetime(2030, 1, 1))
+    async with WorkflowEnvironment(approval.registry, start=dt.datetime(2030, 1, 1, tzinfo=dt.UTC)) as env:
+        run = await env.start(approval.order_approval, {"order_id": "o1"})
+        await env.run_until_suspended(run)
+        with pytest.raises(SignalRejectedError, match=r"signal_id must be a non-empty string"):
+            await env.signal(run, "approval", {"approved": True}, sender="alice", signal_id="")

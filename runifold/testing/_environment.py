@@ -9,6 +9,7 @@ from typing import Any, final
 
 from runifold.client import Client, RunHandle
 from runifold.dsl import WorkflowDefinition
+from runifold.errors import ConfigurationError
 from runifold.history import Entry, decode_event, fold
 from runifold.signals import SignalEnvelope, SignalGateway
 from runifold.stores import RunInfo, RunStatus, SignalReceipt
@@ -52,6 +53,9 @@ class WorkflowEnvironment:
                  start: datetime | None = None) -> None:
         if isinstance(registry, WorkflowDefinition):
             registry = WorkflowRegistry(registry, *more)
+        if start is not None and start.utcoffset() is None:
+            raise ConfigurationError(f"WorkflowEnvironment(start=) takes an aware datetime (e.g. with tzinfo=UTC), "
+                                     f"got {start!r}: a naive one would be read in this machine's time zone")
         self.registry = registry
         self.clock = FakeClock(None if start is None else start.timestamp())
         self.store = MemoryWorkflowStore(self.clock)
@@ -143,7 +147,8 @@ class WorkflowEnvironment:
                      reason: str = "test", signal_id: str | None = None) -> SignalReceipt:
         """Send a signal without keys; the definition must still declare ``name`` and allow ``sender``."""
         envelope = SignalEnvelope(target=_id(run), name=name, payload=payload, sender=sender, reason=reason,
-                                  signal_id=signal_id or f"{name}-{time.monotonic_ns()}", key_id="test",
+                                  signal_id=f"{name}-{time.monotonic_ns()}" if signal_id is None else signal_id,
+                                  key_id="test",
                                   timestamp=self.clock())
         return await SignalGateway(self.store, self.registry, _Trusted()).send(envelope)
 

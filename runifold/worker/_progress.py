@@ -231,11 +231,20 @@ class LiveProgress:
             return
         out_of_time = None if settling else self._out_of_time(now, at=True)
         if out_of_time is not None and not self._parked():
-            # the run's elapsed budget ran out while it waited: a wait still open can no longer end in time (a
-            # run with an ambiguous effect waits for its operator instead: failing it would strand the effect;
-            # a run whose code has finished waits for nothing but its effects)
+            # the run's elapsed budget ran out while it waited: a wait, or a step's retry backoff, still open can
+            # no longer end in time (a run with an ambiguous effect waits for its operator instead: failing it
+            # would strand the effect; so an effect waiting for its next attempt is parked for one; a run whose
+            # code has finished waits for nothing but its effects)
             for call in self._open:
-                if call.kind in (CallKind.TIMER, CallKind.SIGNAL) and not call.future.done():
+                if call.kind is CallKind.EFFECT and call.due and not call.busy:
+                    self._park(call, f"the run's elapsed budget ran out while it waited for attempt {call.attempt} "
+                                     f"({out_of_time}); resolve it")
+            if self._parked():
+                return
+            for call in self._open:
+                if call.future.done() or call.busy:
+                    continue
+                if call.kind in (CallKind.TIMER, CallKind.SIGNAL) or (call.kind is CallKind.STEP and call.due):
                     self._fail(out_of_time, call.key)
                     return
 

@@ -12,9 +12,14 @@ import msgspec
 import pytest
 
 from runifold import (
+    Budget,
     Completed,
+    Failed,
     HmacKeyRing,
     Idle,
+    ResumePolicy,
+    Retried,
+    RetryPolicy,
     RunStatus,
     SignalEnvelope,
     SignalGateway,
@@ -26,6 +31,7 @@ from runifold import (
     WorkflowDefinition,
     WorkflowRegistry,
     WorkflowTask,
+    effect,
     sign,
     step,
     workflow,
@@ -390,3 +396,42 @@ async def test_a_wait_deadline_passing_while_a_body_runs_is_judged_by_when_the_s
     done = await asyncio.wait_for(running, 5)
     assert isinstance(done, Completed) and done.output == ["yes" if at < 0.4 else "timed out", "ran"]
     assert not await replay_problems(store, WorkflowRegistry(definition), "d1", done.output)
+
+
+# -- the elapsed budget running out during a retry's backoff --------------------------------------------
+
+
+@step(retry=RetryPolicy(max_attempts=3, initial=timedelta(seconds=30), jitter=0))
+async def provider_down() -> str:
+    raise ConnectionError("provider down")
+
+
+@effect(resume=ResumePolicy.REPEAT, retry=RetryPolicy(max_attempts=3, initial=timedelta(seconds=30), jitter=0))
+async def unsure(key: str) -> str:
+    raise TimeoutError("the gateway did not answer")
+
+
+@workflow("backs-off")
+async def backs_off(ctx: WorkflowContext, kind: str) -> str:
+    return await (provider_down() if kind == "step" else unsure())
+
+
+@pytest.mark.parametrize("kind", ["step", "effect"])
+async def test_the_elapsed_budget_running_out_during_a_retry_backoff_ends_the_wait(store: Any, kind: str) -> None:
+    """A retry due after the run's elapsed budget: the run was woken at the budget's end and rescheduled for
+    that same moment again and again, claimed about 1,000 times a second until the retry was due, and the
+    testing kit hung (helper-28). A step's retry now fails the run at the budget's end; an effect waiting for
+    its next attempt (its outcome unknown) is parked for an operator, never failed."""
+    definition = WorkflowDefinition(backs_off, Budget(max_elapsed=timedelta(milliseconds=300)))
+    await store.enqueue(WorkflowTask("backs-off", 1, {"kind": kind}, checkpoint_id="b1"))
+    first = await worker(store, definition).run_once()
+    assert isinstance(first, Retried)
+    await asyncio.sleep(0.35)
+    outcomes = [await worker(store, definition).run_once() for _ in range(3)]
+    if kind == "step":
+        assert isinstance(outcomes[0], Failed) and "budget exceeded: elapsed seconds ran out" in outcomes[0].reason
+    else:
+        assert isinstance(outcomes[0], Suspended) and outcomes[0].reason is SuspendReason.AMBIGUOUS
+        assert "the run's elapsed budget ran out while it waited for attempt 2" in outcomes[0].detail
+        assert (await store.get_run("b1")).status is RunStatus.PARKED
+    assert all(isinstance(o, Idle) for o in outcomes[1:])  # not claimed again and again
