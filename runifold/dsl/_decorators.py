@@ -7,6 +7,7 @@ run's driver; called anywhere else it simply runs its body.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import re
@@ -26,7 +27,7 @@ from runifold.dsl._definition import (
     _ReturnType,
     positional_params,
 )
-from runifold.errors import ConfigurationError
+from runifold.errors import ConfigurationError, OutsideWorkflowError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -151,6 +152,7 @@ def step(
         async def call(*args: Any, **kwargs: Any) -> Any:
             binding = current.get()
             if binding is None:
+                _not_on_a_workflow_loop(spec.id)
                 return fn(*args, **kwargs) if plain else await fn(*args, **kwargs)
             return await binding.driver.call_step(spec, binding.scope, args, kwargs)
 
@@ -158,6 +160,17 @@ def step(
         return call
 
     return decorate
+
+
+def _not_on_a_workflow_loop(step_id: str) -> None:
+    """A step called without a run is a plain call of its body (a test, another step's body), but not on a
+    workflow's loop: there it is workflow code that lost its run (a task made where no run's code was running),
+    and its body would run unrecorded."""
+    if getattr(asyncio.events._get_running_loop(), "runs_workflow_code", False):
+        raise OutsideWorkflowError(
+            f"step {step_id!r} was called on a workflow's event loop from a task that belongs to no run's code "
+            "(made where workflow code was not running), so it could not be recorded; make the call from the "
+            "workflow function or the tasks it creates")
 
 
 def effect(

@@ -74,7 +74,6 @@ from runifold.history import (
     RunFailed,
     UsageCharged,
     ValueRecorded,
-    convert,
     fold,
     record,
 )
@@ -480,7 +479,10 @@ class Execution(LiveProgress, Replaying):
                 self._deliver_next()
                 continue
             if self._replaying:
-                if self._replay_next() or loop.has_ready:  # still running (a busy loop): not idle, so not stuck
+                if self._replay_next():
+                    self._deliver_committed()
+                    continue
+                if loop.has_ready:  # still running (a busy loop): not idle, so not stuck
                     continue
                 self._divergence = self._stuck()
                 continue
@@ -652,30 +654,6 @@ class Execution(LiveProgress, Replaying):
         await self._commit(Suspend(RunStatus.PARKED, reason=reason))
         assert parked
         return Suspended(self.run_id, self.checkpoint_id, SuspendReason.AMBIGUOUS, None, (), reason)
-
-    def _check_result(self, output: Any) -> None:
-        """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""
-        returns = self.definition.spec.returns.get()
-        try:
-            _, replayed = record(output, returns, what="the workflow")
-        except SerializationError as exc:
-            if self._recorded_result:
-                self.report.divergence = NondeterminismError(
-                    "(result)", f"result {self._recorded_result[-1].output!r}", "a result that cannot be recorded",
-                    str(exc))
-            else:
-                self.report.error = describe(exc)  # the live run failed the same way: its result was refused
-            return
-        self.report.result = replayed
-        if not self._recorded_result:
-            return
-        recorded = self._recorded_result[-1].output
-        try:
-            same = convert(recorded, returns, what="the recorded result") == replayed
-        except SerializationError:
-            same = False
-        if not same:
-            self.report.divergence = NondeterminismError("(result)", f"result {recorded!r}", f"result {replayed!r}")
 
     # -- waiting, renewal, teardown ----------------------------------------------------------------
 

@@ -35,6 +35,7 @@ import collections
 import contextvars
 import ctypes
 import functools
+import gc
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -58,6 +59,17 @@ _FRAMES_TO_AS_COMPLETED = 6
 #: catches that too would make its calls outside its run. The list itself is never freed, not even at exit.
 _STUCK: list[Any] = []
 ctypes.pythonapi.Py_IncRef(ctypes.py_object(_STUCK))
+#: Python's cyclic garbage collector is running (it frees objects in reference cycles, at moments that depend on
+#: allocations, so never at the same point of a replay)
+_collecting = False
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+gc.callbacks.append(_on_gc)
 
 
 class WorkflowLoop(asyncio.AbstractEventLoop):
@@ -68,6 +80,9 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         activity: called on the outer loop when something outside workflow code
             made a workflow task runnable (a callback from another thread).
     """
+
+    #: a step called on this loop without a run's binding is refused (see runifold.dsl._decorators)
+    runs_workflow_code = True
 
     def __init__(self, outer: asyncio.AbstractEventLoop, activity: Callable[[], None]) -> None:
         self._outer = outer
@@ -117,10 +132,14 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
     def _finalize_asyncgen(self, agen: Any) -> None:
         """An async generator of workflow code that the code left unclosed (``break`` out of ``async for``) is
-        closed by a workflow task, created where Python let go of it (as asyncio's loop would, but on this
-        loop): a ``finally`` in it calls steps as workflow code, while the run goes on. Once the run is
-        suspended or over nothing of it runs (Python frees it without resuming it)."""
-        if not self._closed:
+        closed by a workflow task, created where workflow code let go of it (as asyncio's loop would, but on this
+        loop): a ``finally`` in it calls steps as workflow code, while the run goes on.
+
+        invariant: only where workflow code lets go of it, which is the same point on every replay. One freed by
+        the cyclic garbage collector (it was in a reference cycle), or once the run is suspended or over, is not
+        closed: nothing of it runs (Python frees it without resuming it), as its moment would differ on replay.
+        """
+        if not self._closed and self._stepping and not _collecting and current.get() is not None:
             self.call_soon(self.create_task, agen.aclose())
 
     @property

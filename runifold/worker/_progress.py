@@ -281,10 +281,13 @@ class LiveProgress:
                     and (deadline is None or signal.received_at <= deadline)):
                 return signal.received_at, order, call, signal
         # invariant: while a signal wait is open the inbox is read again at least every INBOX_EVERY seconds (a
-        # signal sent while the run executes is seen), and a wait's deadline is judged only by a read made at
-        # or after it, so a signal the store received in time is never judged late
-        read = self._inbox_read
-        due = read + INBOX_EVERY if call.due is None or read >= call.due else min(read + INBOX_EVERY, call.due)
+        # signal sent while the run executes is seen), and a wait's deadline (its own, or the run's elapsed
+        # budget's) is judged only by a read made at or after it, so a signal the store received in time is
+        # never judged late
+        read, due = self._inbox_read, self._inbox_read + INBOX_EVERY
+        for end in (call.due, deadline):
+            if end is not None and read < end:
+                due = min(due, end)
         self._inbox_due = due if self._inbox_due is None else min(self._inbox_due, due)
         if call.due is not None and now >= call.due and read >= call.due:
             return call.due, order, call, None

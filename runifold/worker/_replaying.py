@@ -12,12 +12,14 @@ import asyncio
 from collections import deque
 from typing import Any, assert_never
 
+from runifold.dsl import WorkflowDefinition
 from runifold.errors import (
     EffectFailedError,
     NondeterminismError,
     SerializationError,
     StepFailedError,
     WaitTimeoutError,
+    describe,
 )
 from runifold.history import (
     Ambiguous,
@@ -33,6 +35,7 @@ from runifold.history import (
     InDoubt,
     Replayer,
     RetryDue,
+    RunCompleted,
     SignalWaitStarted,
     StepFailed,
     TimerDone,
@@ -43,6 +46,7 @@ from runifold.history import (
     WaitTimedOut,
     convert,
     effect_state,
+    record,
     step_state,
     timer_state,
     wait_state,
@@ -68,8 +72,13 @@ class Replaying:
     _replaying: bool
     _cursor: int
     _divergence: NondeterminismError | None
+    definition: WorkflowDefinition
+    _recorded_result: list[RunCompleted]
 
     def _check_recoveries(self) -> None:
+        raise NotImplementedError
+
+    def _deliver_next(self) -> None:
         raise NotImplementedError
 
     @staticmethod
@@ -220,6 +229,37 @@ class Replaying:
             self._divergence = NondeterminismError(
                 call.key, "a value of another type", f"a call returning {call.returns!r}", str(exc))
             return None
+
+    def _deliver_committed(self) -> None:
+        """Replay: hand over at once an outcome the live run handed over right after committing it (a step's,
+        an effect's, a child's start), as live workflow code ran no further in between; a wait's end (a timer, a
+        signal) waits for the next pass of workflow code, as it did live."""
+        if self._resolutions and self._resolutions[-1][0].kind not in (CallKind.TIMER, CallKind.SIGNAL):
+            self._deliver_next()
+
+    def _check_result(self, output: Any) -> None:
+        """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""
+        returns = self.definition.spec.returns.get()
+        try:
+            _, replayed = record(output, returns, what="the workflow")
+        except SerializationError as exc:
+            if self._recorded_result:
+                self.report.divergence = NondeterminismError(
+                    "(result)", f"result {self._recorded_result[-1].output!r}", "a result that cannot be recorded",
+                    str(exc))
+            else:
+                self.report.error = describe(exc)  # the live run failed the same way: its result was refused
+            return
+        self.report.result = replayed
+        if not self._recorded_result:
+            return
+        recorded = self._recorded_result[-1].output
+        try:
+            same = convert(recorded, returns, what="the recorded result") == replayed
+        except SerializationError:
+            same = False
+        if not same:
+            self.report.divergence = NondeterminismError("(result)", f"result {recorded!r}", f"result {replayed!r}")
 
     def _stuck(self) -> NondeterminismError:
         """The divergence when workflow code is idle and a recorded call is still unreached."""

@@ -1040,3 +1040,37 @@ async def test_a_timer_due_at_a_recovery_fires_beside_a_step_run_again(store: An
     assert isinstance(done, Completed) and done.output == ["slow", "after-the-timer", "quick"]
     completed = await keys(store, "t1", "step_completed")
     assert completed.index("2/takes#1") < completed.index("1/takes#1"), completed
+
+
+@step()
+async def briefly() -> str:
+    await asyncio.sleep(0.03)
+    return "done"
+
+
+@workflow("polls-a-step")
+async def polls_a_step(ctx: WorkflowContext) -> list[Any]:
+    task = asyncio.create_task(briefly())
+    passes = 0
+    while not task.done():
+        passes += 1
+        ctx.now()
+        await asyncio.sleep(0)
+    await ctx.sleep(timedelta(milliseconds=10))  # the rest replays from another execution
+    return [task.result(), passes]
+
+
+async def test_a_step_polled_by_a_busy_loop_is_seen_at_the_same_pass_on_replay(store: Any) -> None:
+    """Live, a step's committed outcome is handed over before workflow code runs on; the replay ran another
+    1,000 callbacks first, so the loop counted 1,000 more passes and made 1,000 unrecorded ctx.now() calls, and a
+    run resumed from another execution diverged (helper-29)."""
+    definition = WorkflowDefinition(polls_a_step)
+    await store.enqueue(WorkflowTask("polls-a-step", 1, {}, checkpoint_id="ps1"))
+    for _ in range(50):
+        done = await worker(store, definition).run_once()
+        if isinstance(done, Completed):
+            break
+        assert isinstance(done, (Suspended, Idle)), done
+        await asyncio.sleep(0.02)
+    assert isinstance(done, Completed) and done.output[0] == "done" and done.output[1] > 1000
+    assert not await replay_problems(store, WorkflowRegistry(definition), "ps1", done.output)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import threading
 from collections import Counter
 from typing import Any
@@ -87,3 +88,47 @@ async def test_a_call_made_from_another_event_loop_is_refused(store: Any) -> Non
                               "from outside its workflow code")
     assert after == "after" and ran == Counter({"after": 1})
     assert len(await keys(store, "fl1", "step_completed")) == 1  # "after" only
+
+
+async def cyclic_pages(cleanup: list[str]) -> Any:
+    try:
+        for i in range(5):
+            yield await tick(f"cyclic-{i}")
+    finally:
+        cleanup.append(await tick("cyclic-closed"))
+
+
+@step()
+async def collects() -> str:
+    gc.collect()  # stands for any body allocating enough to start Python's cyclic garbage collector
+    return "collected"
+
+
+@workflow("cyclic-generator")
+async def cyclic_generator(ctx: WorkflowContext) -> list[Any]:
+    cleanup: list[str] = []
+    holder: list[Any] = []
+    pages = cyclic_pages(cleanup)
+    holder.append(pages)
+    holder.append(holder)  # a reference cycle: only the cyclic collector frees the generator
+    got = []
+    async for page in pages:
+        got.append(page)
+        if len(got) == 2:
+            break
+    del pages, holder
+    return [got, await collects(), await tick("end"), cleanup]
+
+
+async def test_a_generator_freed_by_the_garbage_collector_is_not_closed(store: Any) -> None:
+    """A generator left open in a reference cycle is freed when the cyclic collector runs, a moment that depends
+    on allocations and so differs on replay: its finally ran its step outside any run's code, unrecorded, and the
+    completed run did not replay to its live result (helper-29). It is not closed: nothing of it runs."""
+    ran.clear()
+    definition = WorkflowDefinition(cyclic_generator)
+    await store.enqueue(WorkflowTask("cyclic-generator", 1, {}, checkpoint_id="cg1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == [["cyclic-0", "cyclic-1"], "collected", "end", []]
+    assert ran == Counter({"cyclic-0": 1, "cyclic-1": 1, "end": 1})
+    assert not await replay_problems(store, WorkflowRegistry(definition), "cg1", done.output)
+    assert ran == Counter({"cyclic-0": 1, "cyclic-1": 1, "end": 1})  # the replay ran no body either

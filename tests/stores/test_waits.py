@@ -435,3 +435,31 @@ async def test_the_elapsed_budget_running_out_during_a_retry_backoff_ends_the_wa
         assert "the run's elapsed budget ran out while it waited for attempt 2" in outcomes[0].detail
         assert (await store.get_run("b1")).status is RunStatus.PARKED
     assert all(isinstance(o, Idle) for o in outcomes[1:])  # not claimed again and again
+
+
+@step()
+async def takes(seconds: float) -> float:
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+@workflow("budget-beside-a-wait")
+async def budget_beside_a_wait(ctx: WorkflowContext) -> list[Any]:
+    return list(await asyncio.gather(ctx.wait_signal("go"), takes(0.7), takes(0.3)))
+
+
+async def test_a_signal_received_before_the_elapsed_budget_ran_out_counts_however_late_the_worker_reads(
+        store: Any) -> None:
+    """The run's elapsed budget runs out while a body runs; a signal the store received before then counts, as
+    the README says, even when the execution had not read its inbox since: the budget was judged before the
+    inbox was read, and the run failed or completed depending on when it was claimed (helper-29)."""
+    definition = WorkflowDefinition(budget_beside_a_wait, Budget(max_elapsed=timedelta(seconds=1)),
+                                    signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("budget-beside-a-wait", 1, {}, checkpoint_id="bw1"))
+    await asyncio.sleep(0.45)  # claimed late: the inbox reads come at about +0.45 and +1.45 s
+    running = asyncio.ensure_future(worker(store, definition).run_once())
+    await asyncio.sleep(0.45)
+    await send_signal(store, "bw1", "go", "g1", "yes")  # at about +0.9 s, before the budget's end
+    done = await asyncio.wait_for(running, 10)
+    assert isinstance(done, Completed) and done.output == ["yes", 0.7, 0.3]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "bw1", done.output)
