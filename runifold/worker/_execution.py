@@ -503,8 +503,8 @@ class Execution(LiveProgress, Replaying):
             if self._inbox_due is not None and self._inbox_due <= self.store_time():
                 await self._read_inbox()
                 continue
-            if self._resolutions or self._outbox or loop.has_ready:
-                continue
+            if self._resolutions or self._outbox or (loop.has_ready and not root.done()):
+                continue  # (once the workflow returned, tasks it left running do not hold the run: see below)
             if self._bodies:
                 await self._wait(self._next_due())
                 continue

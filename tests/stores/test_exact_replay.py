@@ -1074,3 +1074,62 @@ async def test_a_step_polled_by_a_busy_loop_is_seen_at_the_same_pass_on_replay(s
         await asyncio.sleep(0.02)
     assert isinstance(done, Completed) and done.output[0] == "done" and done.output[1] > 1000
     assert not await replay_problems(store, WorkflowRegistry(definition), "ps1", done.output)
+
+
+@step()
+async def instant(tag: str) -> str:
+    return tag
+
+
+@workflow("cancels-a-finished-sibling")
+async def cancels_a_finished_sibling(ctx: WorkflowContext) -> list[Any]:
+    ta, tb, tc = (asyncio.create_task(instant(t)) for t in "abc")
+    marks: dict[str, int] = {}
+
+    async def busy() -> dict[str, int]:
+        i = 0
+        while not tc.done():
+            ctx.random()  # a recorded value on every pass pins how far the code ran between hand-overs
+            i += 1
+            if ta.done() and "a" not in marks:
+                marks["a"] = i
+            await asyncio.sleep(0)
+        marks["c"] = i
+        return marks
+
+    counting = asyncio.create_task(busy())
+    await ta
+    tb.cancel()  # b's outcome is committed with a's and c's, not yet handed over
+    await tc
+    m = await counting
+    return [m["c"] - m["a"], tb.cancelled()]
+
+
+async def test_an_outcome_the_code_cancelled_costs_the_replay_the_pass_it_cost_live(store: Any) -> None:
+    """Outcomes committed together are handed over one per pass of workflow code; one the code had cancelled
+    was a no-op pass live, but the replay skipped it, handed the next over a pass early and diverged (helper-30)."""
+    definition = WorkflowDefinition(cancels_a_finished_sibling)
+    await store.enqueue(WorkflowTask("cancels-a-finished-sibling", 1, {}, checkpoint_id="cf1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output[1] is True
+    assert not await replay_problems(store, WorkflowRegistry(definition), "cf1", done.output)
+
+
+@workflow("leaves-a-busy-task")
+async def leaves_a_busy_task(ctx: WorkflowContext) -> str:
+    async def forever() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    asyncio.create_task(forever())
+    return await instant("done")
+
+
+async def test_a_task_left_busy_when_the_workflow_returns_does_not_hold_the_run(store: Any) -> None:
+    """The workflow returned while a task it left ran a sleep(0) loop: the driver ran that task forever and the
+    run never completed (helper-30). Tasks left running are cancelled when the workflow returns."""
+    definition = WorkflowDefinition(leaves_a_busy_task)
+    await store.enqueue(WorkflowTask("leaves-a-busy-task", 1, {}, checkpoint_id="lb1"))
+    done = await asyncio.wait_for(worker(store, definition).run_once(), 10)
+    assert isinstance(done, Completed) and done.output == "done"
+    assert not await replay_problems(store, WorkflowRegistry(definition), "lb1", done.output)
