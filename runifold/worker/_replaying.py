@@ -156,12 +156,15 @@ class Replaying:
             call = self._calls.get(resolutions[self._cursor])
             if call is None:
                 return False  # workflow code has not reached it (yet)
+            committed = call.kind not in (CallKind.TIMER, CallKind.SIGNAL)
+            if committed and not self.replayer.made_before(call.key):
+                return False  # a branch has yet to make a call the live run made before this outcome came
             if call.future.done():
                 self._cursor += 1
                 self.report.steps.append((call.key, "cancelled"))
-                if call.kind not in (CallKind.TIMER, CallKind.SIGNAL):
-                    # the live run handed this committed outcome over as a no-op, and workflow code ran a pass
-                    # before the next: so does the replay
+                if committed:
+                    # the live run handed this committed outcome over, at its place, as a no-op, and workflow
+                    # code ran a pass before the next: so does the replay
                     return True
                 continue  # workflow code stopped waiting for it (cancelled): nothing to hand over
             if not self.replayer.made_before(call.key):

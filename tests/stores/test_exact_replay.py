@@ -21,6 +21,7 @@ from runifold import (
     Completed,
     Failed,
     Idle,
+    ResumePolicy,
     Retried,
     RetryPolicy,
     RunStatus,
@@ -35,6 +36,7 @@ from runifold import (
     WorkflowDefinition,
     WorkflowRegistry,
     WorkflowTask,
+    effect,
     step,
     workflow,
 )
@@ -1133,3 +1135,40 @@ async def test_a_task_left_busy_when_the_workflow_returns_does_not_hold_the_run(
     done = await asyncio.wait_for(worker(store, definition).run_once(), 10)
     assert isinstance(done, Completed) and done.output == "done"
     assert not await replay_problems(store, WorkflowRegistry(definition), "lb1", done.output)
+
+
+@effect(resume=ResumePolicy.REPEAT)
+async def pays(key: str, tag: str) -> str:
+    return tag
+
+
+@workflow("abandons-an-effect-beside-a-busy-branch")
+async def abandons_an_effect_beside_a_busy_branch(ctx: WorkflowContext) -> list[Any]:
+    async def timed() -> str:
+        try:
+            return await asyncio.wait_for(pays("e1"), 0.0001)
+        except TimeoutError:
+            return "timed out"
+
+    async def late() -> str:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return await pays("e2")
+
+    t1, t2 = asyncio.create_task(timed()), asyncio.create_task(late())
+    passes = 0
+    while not t2.done():
+        ctx.now()
+        passes += 1
+        await asyncio.sleep(0)
+    return [await t1, await t2, passes > 0]
+
+
+async def test_an_abandoned_effects_outcome_is_passed_at_its_place_on_replay(store: Any) -> None:
+    """An effect abandoned by its timeout runs on; its outcome, committed with a sibling's, was skipped by the
+    replay before the calls recorded ahead of it were made again, so the sibling's came too early (helper-30)."""
+    definition = WorkflowDefinition(abandons_an_effect_beside_a_busy_branch)
+    await store.enqueue(WorkflowTask("abandons-an-effect-beside-a-busy-branch", 1, {}, checkpoint_id="ae1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == ["timed out", "e2", True]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "ae1", done.output)
