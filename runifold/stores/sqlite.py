@@ -274,6 +274,7 @@ class SqliteWorkflowStore:
 
         def op(conn: sqlite3.Connection) -> int:
             conn.execute(Q["create_schema_table"])
+            conn.execute(Q["probe_write"])  # a file it cannot write is refused here, not at a worker's every claim
             current = int(conn.execute(Q["schema_version"]).fetchone()[0] or 0)
             if current > SCHEMA_VERSION:
                 raise newer_schema(self.path, current, SCHEMA_VERSION)

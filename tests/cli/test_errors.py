@@ -13,6 +13,7 @@ from pathlib import Path
 
 from runifold import RunStatus, open_store
 from tests.cli.conftest import ROOT, Cli, key_file, run_worker_until
+from tests.support import read_only_file
 
 
 def one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
@@ -85,6 +86,26 @@ def test_read_only_commands_never_create_a_store(cli: Cli) -> None:
                  ["purge", "--finished-before", "30d"]):
         one_line_error(cli(*args, "--store", f"sqlite:///{missing}"), 2, f"no SQLite store at {missing}")
     assert not missing.exists()
+
+
+def test_a_worker_refuses_a_store_file_it_cannot_write(cli: Cli) -> None:
+    """`runifold worker` on a SQLite file it cannot write exits 2 at start with one line naming the file and what to
+    do (it started, and logged slot_error at every claim until stopped); the commands that only read still read it."""
+    enqueued(cli)
+    path = cli.tmp / "cli.db"
+    with read_only_file(path):
+        proc = cli.spawn("worker", "--idle-wait", "0.1")
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), 2,
+                       f"cannot write the SQLite database {path}", "writable", "?mode=ro")
+        for args in (["runs", "list"], ["runs", "show", "c1"], ["history", "c1"], ["replay", "--all"]):
+            result = cli(*args)
+            assert result.returncode == 0 and result.stderr == "", (args, result)
 
 
 def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:

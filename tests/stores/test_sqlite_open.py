@@ -16,6 +16,7 @@ from runifold import RunStatus, StoreError, WorkflowTask, open_store
 from runifold.errors import StoreUnavailableError
 from runifold.stores import _sql
 from runifold.stores.sqlite import SCHEMA_VERSION, SqliteWorkflowStore
+from tests.support import read_only_file
 
 
 async def _make(path: Path) -> str:
@@ -103,6 +104,24 @@ async def test_read_only_commands_work_on_a_read_only_file_system(read_only_fold
     with pytest.raises(StoreUnavailableError) as err:
         await SqliteWorkflowStore.open(str(path))
     assert str(path) in str(err.value)
+
+
+async def test_a_file_that_cannot_be_written_is_refused_at_a_writable_open(tmp_path: Path) -> None:
+    """A writable open of a database file this process cannot write fails naming the file and what to do (it
+    opened, and a worker on it logged slot_error at every claim until stopped); a read-only open still reads it."""
+    path = tmp_path / "runifold.db"
+    run_id = await _make(path)
+    with read_only_file(path):
+        for url in (str(path), f"sqlite:///{path}"):
+            with pytest.raises(StoreUnavailableError) as err:
+                await open_store(url)
+            assert str(path) in str(err.value) and "SQLITE_READONLY" in str(err.value)
+            assert "writable" in str(err.value) and "?mode=ro" in str(err.value)
+        store = await SqliteWorkflowStore.open(str(path), readonly=True)
+        try:
+            assert [r.run_id for r in await store.list_runs()] == [run_id]
+        finally:
+            await store.close()
 
 
 async def test_the_busy_budget_is_the_one_configured(tmp_path: Path) -> None:

@@ -11,6 +11,11 @@ SELECT max(version) FROM runifold_schema
 -- name: create_schema_table
 CREATE TABLE IF NOT EXISTS runifold_schema (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)
 
+-- name: probe_write
+-- writes nothing, yet fails (SQLITE_READONLY) where the file cannot be written: SQLite opens such a file
+-- read-only without a word, and an empty transaction or a CREATE TABLE IF NOT EXISTS succeeds on it
+DELETE FROM runifold_schema WHERE 0
+
 -- name: record_version
 INSERT INTO runifold_schema (version, applied_at) VALUES (?, ?)
 
