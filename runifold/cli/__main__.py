@@ -17,7 +17,10 @@ Exit codes:
 * 3 an unexpected internal error (a bug: rerun with ``--debug`` and report
   the traceback);
 * 130 interrupted (Ctrl-C) outside the worker;
-* 141 the reader of the output went away (``runifold runs list | head``).
+* 141 the reader of the output went away (``runifold runs list | head``);
+  not the worker, whose output only informs: it runs on without it.
+
+A standard stream closed at start (``>&-``) is the null device.
 
 Errors are one line on stderr unless ``--debug``, which adds the traceback.
 """
@@ -34,7 +37,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import NoReturn
 
 from runifold.cli import _drill, _keys, _logging, _operate, _recover, _runs, _schedules, _signals, _ui
-from runifold.cli._common import DEFAULT_STORE, UsageError
+from runifold.cli._common import DEFAULT_STORE, UsageError, drop_output
 from runifold.cli._text import printable
 from runifold.errors import ConfigurationError, RunifoldError, StoreError
 
@@ -150,11 +153,25 @@ def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str) 
 
 def _closed_pipe() -> int:
     """The reader went away (``| head``): stop quietly, and keep the interpreter's last flush from failing again."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    drop_output()
     return EXIT_PIPE
 
 
+def _open_standard_streams() -> None:
+    """Give a standard stream closed at start (``>&- 2>&-``) the null device.
+
+    Python leaves such a stream None (a print is lost, a flush raises), and the next file opened takes its
+    number, so a write meant for it would land in that file.
+    """
+    for name in ("stdin", "stdout", "stderr"):
+        if getattr(sys, name) is None:
+            # the lowest free number: the stream's own where it was closed (the lower ones are open by now)
+            fd = os.open(os.devnull, os.O_RDWR)
+            setattr(sys, name, open(fd, "r" if name == "stdin" else "w", encoding="utf-8", errors="backslashreplace"))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _open_standard_streams()
     arguments = list(sys.argv[1:] if argv is None else argv)
     problem = _not_utf8(arguments)
     if problem:

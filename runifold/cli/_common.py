@@ -29,7 +29,7 @@ MAX_SECONDS = 1e9
 #: the largest workflow version a flag takes (a PostgreSQL integer)
 MAX_VERSION = 2**31 - 1
 
-__all__ = ["DEFAULT_STORE", "UsageError", "clip", "compact", "emit_json", "operator", "parse_json", "positive_int",
+__all__ = ["DEFAULT_STORE", "UsageError", "clip", "compact", "drop_output", "emit_json", "operator", "parse_json", "positive_int",
            "printable", "registry_of", "seconds", "store_of", "table", "when"]
 
 
@@ -133,6 +133,14 @@ def operator() -> str:
 def when(ts: float | None) -> str:
     """Format a store timestamp as UTC ISO-8601 (to the millisecond)."""
     return iso(ts)
+
+
+def drop_output() -> None:
+    """Send stdout, what it still holds included, to the null device: its reader went away (a closed pipe), and the
+    interpreter's last flush must not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def emit_json(value: Any) -> None:

@@ -16,6 +16,7 @@ import msgspec
 from runifold._log import get_logger
 from runifold.cli._common import (
     UsageError,
+    drop_output,
     emit_json,
     operator,
     parse_json,
@@ -120,22 +121,33 @@ async def worker_cmd(args: argparse.Namespace) -> int:
                                 grace=timedelta(seconds=args.grace),
                                 schedule_every=timedelta(seconds=args.schedule_every))
         serving = [f"{n} v{v}" for n, v in registry.versions()]
-        if args.json:
-            emit_json({"event": "worker_started", "worker_id": str(worker_id), "serving": serving,
-                       "concurrency": args.concurrency})
-        else:
-            print(f"worker {worker_id} serving {', '.join(serving)} with concurrency {args.concurrency}")
-        sys.stdout.flush()
+        _tell(args.json, {"event": "worker_started", "worker_id": str(worker_id), "serving": serving,
+                          "concurrency": args.concurrency},
+              f"worker {worker_id} serving {', '.join(serving)} with concurrency {args.concurrency}")
         _on_stop(supervisor, args.grace, args.log_format)
         await supervisor.run(handle_signals=False)
     finally:
         await store.close()
-    if args.json:
-        emit_json({"event": "worker_stopped", "worker_id": str(worker_id), "outcomes": supervisor.outcomes})
-    else:
-        counts = ", ".join(f"{name} {count}" for name, count in sorted(supervisor.outcomes.items())) or "nothing"
-        print(f"worker {worker_id} stopped: {counts}")
+    counts = ", ".join(f"{name} {count}" for name, count in sorted(supervisor.outcomes.items())) or "nothing"
+    _tell(args.json, {"event": "worker_stopped", "worker_id": str(worker_id), "outcomes": supervisor.outcomes},
+          f"worker {worker_id} stopped: {counts}")
     return 0
+
+
+def _tell(as_json: bool, record: dict[str, object], line: str) -> None:
+    """Write one of the worker's lines to stdout, as JSON or as text.
+
+    The worker's output only informs: a reader gone away (a closed pipe) neither stops the worker nor changes
+    its exit status, and what it would have read is dropped.
+    """
+    try:
+        if as_json:
+            emit_json(record)
+        else:
+            print(line)
+        sys.stdout.flush()
+    except OSError:
+        drop_output()
 
 
 async def enqueue_cmd(args: argparse.Namespace) -> int:

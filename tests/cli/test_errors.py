@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -252,6 +253,48 @@ async def test_a_stopping_worker_does_not_wait_for_a_plain_def_step_past_its_gra
             proc.kill()
     assert proc.returncode == 0 and "Released 1" in out
     await assert_released(cli, "s1")
+
+
+async def stop_after_completing(cli: Cli, proc: subprocess.Popen[str], ref: str) -> int:
+    """Wait (the process alive) for run ``ref`` to complete, SIGTERM the worker, and return its exit status."""
+    try:
+        deadline = time.monotonic() + 60
+        store = await open_store(cli.url)
+        try:
+            while (await store.get_run(ref)).status is not RunStatus.COMPLETED:
+                assert proc.poll() is None, f"the worker exited with {proc.returncode} before being stopped"
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        finally:
+            await store.close()
+        proc.send_signal(signal.SIGTERM)
+        return proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+async def test_a_worker_whose_output_is_closed_works_and_stops_as_usual(cli: Cli) -> None:
+    """A worker started with stdout and stderr closed (`>&- 2>&-`) runs, and SIGTERM stops it with 0 as with its
+    output open: it exited with 3 at start (sys.stdout is None), and the numbers 1 and 2 went to the next files
+    opened (the event loop's)."""
+    enqueued(cli)
+    proc = subprocess.Popen(["bash", "-c", 'exec "$@" >&- 2>&-', "bash", *cli.argv("worker", "--idle-wait", "0.1")],
+                            cwd=ROOT, env=cli.env, stdin=subprocess.DEVNULL, text=True)
+    assert await stop_after_completing(cli, proc, "c1") == 0
+
+
+async def test_a_worker_whose_readers_went_away_stops_as_usual(cli: Cli) -> None:
+    """A worker whose stdout and stderr readers closed their ends after it started exits 0 on SIGTERM, as with its
+    output open: its last line ("stopped: ...") met the closed pipe and it exited 141."""
+    enqueued(cli)
+    proc = cli.spawn("worker", "--idle-wait", "0.1")
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith("worker ")
+    proc.stdout.close()
+    proc.stderr.close()
+    assert await stop_after_completing(cli, proc, "c1") == 0
 
 
 def test_an_interrupt_outside_the_worker_exits_130(cli: Cli) -> None:
