@@ -11,7 +11,10 @@ give back an equal value (NaN, a tuple or set without an annotation, a
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import datetime
+import decimal
 import functools
 import inspect
 import math
@@ -82,6 +85,9 @@ def encode_value(value: Any, *, what: str | Callable[[], str]) -> bytes:
         value.close()  # it will never run: said here, rather than by Python's "never awaited" warning
         raise SerializationError(f"{name} cannot be recorded: it is a coroutine, what an async call returns before "
                                  "it is awaited; add the missing `await`") from cause
+    why = None if isinstance(problem, RecursionError) else _unrecordable(value)
+    if why is not None:
+        raise SerializationError(f"{name} cannot be recorded: {why}") from cause
     raise _unencodable(problem, name) from cause
 
 
@@ -100,6 +106,131 @@ def _unencodable(exc: BaseException | None, what: str) -> SerializationError:
             f"{what} cannot be recorded: it holds a string that is not valid Unicode ({exc.reason}); "
             "decode bytes with errors='replace' or pass them as bytes")
     return SerializationError(f"{what} cannot be recorded ({exc}); {_ADVICE}")
+
+
+# -- What runifold refuses to record or decode, and what to use instead: the rules of the messages ---------------
+# (the generic ones above; these are checked only once a value or an annotation has failed)
+
+_SECRETS = ("the log keeps what it records in clear, so keep secrets out of inputs, results and payloads: pass a "
+            "reference to the secret (its name in your secret store) and read the secret in the step that uses it")
+
+
+def _is_secret(value: Any) -> bool:
+    return _is_secret_class(type(value))
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, decimal.Decimal) and value.is_nan()
+
+
+def _unrecordable(value: Any) -> str | None:
+    """Why ``value`` can never be recorded as it is, and what to use instead; None when no rule here says why.
+
+    A Decimal NaN encodes, but is never equal to itself, so the check that a replay gets back what the live call
+    saw cannot pass (a float NaN is refused before: JSON has no such number); a pydantic secret is written
+    masked, so it would come back without the secret.
+    """
+    part = _first(value, _is_nan)
+    if part is not None:
+        return (f"it {'is' if part is value else 'holds'} {part!r}: a NaN is never equal to itself, so runifold "
+                "could not check that a replay sees what the live call saw; use None or a string for a missing number")
+    part = _first(value, _is_secret)
+    if part is not None:
+        return (f"it {'is' if part is value else 'holds'} a pydantic {type(part).__name__}, which pydantic writes "
+                f"masked ('**********'), so the secret would not come back; {_SECRETS}")
+    return None
+
+
+def _first(value: Any, test: Callable[[Any], bool]) -> Any:
+    """The first part of ``value`` that passes ``test``, or None: itself, or within what the encoder writes of it
+    (the keys and items of builtin containers, the fields of Structs, dataclasses and pydantic models)."""
+    seen: set[int] = set()
+
+    def walk(v: Any) -> Any:
+        if test(v):
+            return v
+        if id(v) in seen:
+            return None
+        seen.add(id(v))
+        if isinstance(v, dict):
+            parts: Any = [*v.keys(), *v.values()]
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            parts = v
+        elif isinstance(v, msgspec.Struct):
+            parts = [getattr(v, f, None) for f in v.__struct_fields__]
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            parts = [getattr(v, f.name, None) for f in dataclasses.fields(v)]
+        elif _is_model(v):
+            parts = list(vars(v).values())
+        else:
+            return None
+        return next((found for p in parts if (found := walk(p)) is not None), None)
+
+    try:
+        return walk(value)
+    except RecursionError:  # nested too deeply to say: the generic message stands
+        return None
+
+
+def _is_model(value: Any) -> bool:
+    if "pydantic" not in sys.modules:
+        return False
+    import pydantic
+
+    return isinstance(value, pydantic.BaseModel)
+
+
+def _undecodable(type_: Any) -> str | None:
+    """Why the annotation ``type_`` cannot be decoded, and what to use instead, when it names a class msgspec
+    decodes from no JSON data (its "custom types": ``Counter``, ``Path``, pydantic's ``SecretStr``, ...)."""
+    import msgspec.inspect
+
+    try:
+        info = msgspec.inspect.type_info(type_)
+    except Exception:  # an annotation msgspec cannot even describe: the caller's message stands
+        return None
+    found: list[type] = []
+    seen: set[int] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, (list, tuple)):
+            for n in node:
+                walk(n)
+        elif isinstance(node, msgspec.Struct) and id(node) not in seen:
+            seen.add(id(node))
+            if isinstance(node, msgspec.inspect.CustomType):
+                found.append(node.cls)
+            else:
+                for field in node.__struct_fields__:
+                    walk(getattr(node, field))
+
+    walk(info)
+    if not found:
+        return None
+    cls = found[0]
+    if issubclass(cls, collections.Counter):
+        instead = ("annotate dict[str, int] (a Counter's data: its key type, int counts) and make the Counter where "
+                   "you need one")
+    elif _is_secret_class(cls):
+        instead = _SECRETS
+    else:
+        instead = (f"annotate the JSON form of a {cls.__name__} (a str, a dict, ...), or a dataclass, msgspec.Struct "
+                   "or pydantic model holding its data")
+    named = f"is {cls.__name__}," if type_ is cls else f"{_spell(type_)} names {cls.__name__},"
+    return f"the annotation {named} a class runifold does not decode from JSON data; {instead}"
+
+
+def _is_secret_class(cls: type) -> bool:
+    if "pydantic" not in sys.modules:
+        return False
+    import pydantic
+
+    return issubclass(cls, (pydantic.SecretStr, pydantic.SecretBytes, getattr(pydantic, "Secret", ())))
+
+
+def _spell(type_: Any) -> str:
+    """An annotation as written: ``SecretStr``, ``collections.Counter[str]``."""
+    return type_.__name__ if isinstance(type_, type) else repr(type_)
 
 
 def encode_event(event: AnyEvent) -> bytes:
@@ -182,6 +313,11 @@ def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
         if strict:
             return msgspec.json.decode(msgspec.json.encode(value), type=type_)
         return msgspec.convert(value, type_, strict=False)
+    except msgspec.ValidationError as exc:  # "Expected `Counter`, got `dict`": say the class is never decoded
+        why = _undecodable(type_)
+        if why is not None:
+            raise UnsupportedTypeError(why) from exc
+        raise
     except TypeError as exc:  # msgspec cannot decode to this annotation at all
         raise UnsupportedTypeError(
             f"the annotation {_name(type_)} is not a type runifold can decode ({exc}); for a union of several "
@@ -252,6 +388,9 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     except Exception:  # a value whose == raises (arrays, ...) cannot be checked, so not trusted
         same = False
     if not same:
+        why = _unrecordable(value)
+        if why is not None:
+            raise SerializationError(f"{what} cannot be recorded: {why}")
         if isinstance(value, datetime.datetime) and value.fold:
             hint = ("it is the second of two equal local times (fold=1, as when clocks go back), which Python never "
                     "compares equal to the same instant at another offset: return it in UTC")

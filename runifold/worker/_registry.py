@@ -9,7 +9,7 @@ from typing import Any, final
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import InvalidInputError, RegistrationError, SerializationError, UnknownWorkflowError
 from runifold.history import convert
-from runifold.history._codec import brief
+from runifold.history._codec import UnsupportedTypeError, brief
 from runifold.stores import WorkflowTask
 
 
@@ -98,6 +98,8 @@ def bind_input(definition: WorkflowDefinition, data: dict[str, Any]) -> dict[str
             kwargs[name] = convert(value, types[name], what=f"parameter {name!r}", advice="pass a value of that type",
                                    strict=True)
         except SerializationError as exc:
+            if isinstance(exc.__cause__, UnsupportedTypeError):  # no value fits: the annotation is what to change
+                raise InvalidInputError(f"input for workflow {definition.name!r} v{definition.version}: {exc}") from exc
             raise InvalidInputError(
                 f"input for workflow {definition.name!r} v{definition.version}: parameter {name!r} expects "
                 f"{getattr(types[name], '__name__', types[name])!r}, got {type(value).__name__} "

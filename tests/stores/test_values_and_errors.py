@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import decimal
 import dataclasses
 import os
 import sys
@@ -276,3 +277,98 @@ async def test_an_annotation_that_cannot_be_resolved_is_named_in_the_refusal(sto
     assert isinstance(done, Completed)
     assert "an annotation Python cannot resolve when the code runs, such as a type imported only under " \
            "TYPE_CHECKING, counts as none" in done.output
+
+
+# -- refusals that read as contradictions (helper-31) --------------------------------------------------------
+
+
+class Credentials(pydantic.BaseModel):
+    user: str
+    password: pydantic.SecretStr
+
+
+@step()
+async def word_counts() -> Counter[str]:
+    return Counter("abca")
+
+
+@step()
+async def measured() -> decimal.Decimal:
+    return decimal.Decimal("NaN")
+
+
+@step()
+async def measured_unannotated():  # type: ignore[no-untyped-def]
+    return [decimal.Decimal("1.5"), decimal.Decimal("NaN")]
+
+
+@step()
+async def api_token() -> pydantic.SecretStr:
+    return pydantic.SecretStr("hunter2")
+
+
+@step()
+async def signed_in() -> Credentials:
+    return Credentials(user="ada", password=pydantic.SecretStr("hunter2"))
+
+
+REFUSED = {"word_counts": word_counts, "measured": measured, "measured_unannotated": measured_unannotated,
+           "api_token": api_token, "signed_in": signed_in}
+NAN = ("a NaN is never equal to itself, so runifold could not check that a replay sees what the live call saw; "
+       "use None or a string for a missing number")
+SECRETS = ("the log keeps what it records in clear, so keep secrets out of inputs, results and payloads: pass a "
+           "reference to the secret (its name in your secret store) and read the secret in the step that uses it")
+
+
+@workflow("refused")
+async def refused(ctx: WorkflowContext, name: str) -> str:
+    try:
+        return str(await REFUSED[name]())
+    except StepFailedError as exc:
+        return exc.error
+
+
+@workflow("counted")
+async def counted(ctx: WorkflowContext, counts: Counter[str]) -> int:
+    return len(counts)
+
+
+@workflow("signs-in")
+async def signs_in(ctx: WorkflowContext, token: pydantic.SecretStr) -> int:
+    return 1
+
+
+async def test_a_refused_value_or_annotation_says_what_is_wrong_and_what_to_use(store: Any) -> None:
+    """Found by helper-31: a Counter "did not fit its annotated type Counter", a Decimal NaN "would come back from
+    the log as" the same NaN (and unannotated, was told to annotate Decimal, which fails the same), a SecretStr
+    was told to annotate its type (it was), and a model holding one "would come back as" the same masked model.
+    Each refusal now says what is wrong and what to use."""
+    said = {
+        "word_counts": "SerializationError: step word_counts#1: the annotation collections.Counter[str] names "
+                       "Counter, a class runifold does not decode from JSON data; annotate dict[str, int] "
+                       "(a Counter's data: its key type, int counts) and make the Counter where you need one",
+        "measured": f"SerializationError: step measured#1 cannot be recorded: it is Decimal('NaN'): {NAN}",
+        "measured_unannotated": "SerializationError: step measured_unannotated#1 cannot be recorded: it holds "
+                                f"Decimal('NaN'): {NAN}",
+        "api_token": "SerializationError: step api_token#1 cannot be recorded: it is a pydantic SecretStr, which "
+                     f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
+        "signed_in": "SerializationError: step signed_in#1 cannot be recorded: it holds a pydantic SecretStr, which "
+                     f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
+    }
+    definition = WorkflowDefinition(refused)
+    for name, message in said.items():
+        await store.enqueue(WorkflowTask("refused", 1, {"name": name}, checkpoint_id=name))
+        done = await worker(store, definition).run_once()
+        assert isinstance(done, Completed) and done.output == message, (name, done)
+    registry = WorkflowRegistry(WorkflowDefinition(counted), WorkflowDefinition(signs_in))
+    with pytest.raises(InvalidInputError) as counts_refused:
+        registry.validate(WorkflowTask("counted", 1, {"counts": {"a": 2}}))
+    assert str(counts_refused.value) == (
+        "input for workflow 'counted' v1: parameter 'counts': the annotation collections.Counter[str] names Counter, "
+        "a class runifold does not decode from JSON data; annotate dict[str, int] (a Counter's data: its key type, "
+        "int counts) and make the Counter where you need one")
+    with pytest.raises(InvalidInputError) as token_refused:
+        registry.validate(WorkflowTask("signs-in", 1, {"token": "hunter2"}))
+    assert str(token_refused.value) == (
+        f"input for workflow 'signs-in' v1: parameter 'token': the annotation is SecretStr, a class runifold does not "
+        f"decode from JSON data; {SECRETS}")
