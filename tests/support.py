@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runifold import LeaseDuration, WorkerId, WorkflowDefinition, WorkflowRegistry, WorkflowWorker
+from runifold import (
+    Completed,
+    Idle,
+    LeaseDuration,
+    Outcome,
+    Suspended,
+    WorkerId,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowWorker,
+)
 from runifold.history import Entry, decode_event
 
 NO_WAIT = timedelta(0)
@@ -26,6 +37,38 @@ def worker(store: Any, *definitions: WorkflowDefinition, worker_id: str = "w1", 
         store, WorkflowRegistry(*definitions), WorkerId.parse(worker_id),
         LeaseDuration(timedelta(seconds=lease)), timedelta(seconds=lease / 3),
     )
+
+
+async def until_completed(store: Any, *definitions: WorkflowDefinition, attempts: int = 100,
+                          each: float | None = None) -> Completed:
+    """Run executions of the run due in ``store`` until it completes, and return that outcome.
+
+    On the way the run may suspend (on its timers, its retries' backoff) or not be due yet; any other outcome
+    fails the test. ``each`` bounds one execution, in seconds.
+    """
+    done = await _run_until(store, definitions, lambda o: isinstance(o, Completed), "complete", attempts, each)
+    assert isinstance(done, Completed)
+    return done
+
+
+async def until_waiting_for_signal(store: Any, definition: WorkflowDefinition) -> Suspended:
+    """Run executions (the run suspends on its short timers on the way) until the run waits for a signal."""
+    waiting = await _run_until(store, (definition,), lambda o: isinstance(o, Suspended) and bool(o.signals),
+                               "come to wait for a signal", 100, None)
+    assert isinstance(waiting, Suspended)
+    return waiting
+
+
+async def _run_until(store: Any, definitions: tuple[WorkflowDefinition, ...], reached: Callable[[Outcome], bool],
+                     what: str, attempts: int, each: float | None) -> Outcome:
+    for _ in range(attempts):
+        execution = worker(store, *definitions).run_once()
+        outcome = await (execution if each is None else asyncio.wait_for(execution, each))
+        if reached(outcome):
+            return outcome
+        assert isinstance(outcome, (Suspended, Idle)), outcome
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the run did not {what} in {attempts} executions")
 
 
 async def entries(store: Any, ref: str) -> list[Entry]:

@@ -43,7 +43,7 @@ from runifold import (
 from runifold.history import SignalReceived, StepFailed
 from runifold.worker import check_compatibility, replay_run
 from tests.corpus.check import replay_problems
-from tests.support import entries, event_types, keys, send_signal, worker
+from tests.support import entries, event_types, keys, send_signal, until_completed, until_waiting_for_signal, worker
 
 calls: Counter[str] = Counter()
 
@@ -160,12 +160,8 @@ async def test_a_task_that_swallows_the_cancellation_of_a_suspension_does_not_ho
     outcome = await asyncio.wait_for(worker(store, definition).run_once(), 10)
     assert isinstance(outcome, Suspended) and calls["swallowed"] > 1
     assert await event_types(store, "sw1") == ["run_started", "value_recorded", "timer_started"]
-    for _ in range(100):
-        outcome = await asyncio.wait_for(worker(store, definition).run_once(), 10)
-        if isinstance(outcome, Completed):
-            break
-        await asyncio.sleep(0.03)
-    assert isinstance(outcome, Completed) and outcome.output == ["slept", "napped"]
+    outcome = await until_completed(store, definition, each=10)
+    assert outcome.output == ["slept", "napped"]
 
 
 @step()
@@ -239,13 +235,8 @@ async def test_a_timer_set_from_a_callback_replays(store: Any) -> None:
     code diverged on replay (helper-20). A callback's calls get a scope of their own."""
     definition = WorkflowDefinition(extends_its_timeout)
     await store.enqueue(WorkflowTask("extends-its-timeout", 1, {}, checkpoint_id="x1"))
-    for _ in range(50):
-        done = await worker(store, definition).run_once()
-        if isinstance(done, Completed):
-            break
-        assert isinstance(done, (Suspended, Idle)), done
-        await asyncio.sleep(0.02)
-    assert isinstance(done, Completed) and done.output == "main+1"
+    done = await until_completed(store, definition)
+    assert done.output == "main+1"
     assert not await replay_problems(store, WorkflowRegistry(definition), "x1", done.output)
 
 
@@ -309,17 +300,6 @@ async def test_gather_with_return_exceptions_never_sees_a_suspension(store: Any)
 
 
 # -- 4. siblings awaiting asyncio's timers never make unchanged code diverge --------------------------
-
-
-async def until_waiting_for_signal(store: Any, definition: WorkflowDefinition) -> None:
-    """Run executions (the run suspends on its short timers on the way) until the run waits for a signal."""
-    for _ in range(100):
-        outcome = await worker(store, definition).run_once()
-        if isinstance(outcome, Suspended) and outcome.signals:
-            return
-        assert isinstance(outcome, (Suspended, Idle)), outcome
-        await asyncio.sleep(0.02)
-    raise AssertionError("the run never came to wait for a signal")
 
 
 @workflow("real-time")
@@ -597,12 +577,7 @@ async def test_a_timeout_around_a_wait_is_judged_by_when_the_signal_came(store: 
         await asyncio.sleep(0.5)
     await send_signal(store, "ta1", "go", "g1", "yes")
     await asyncio.sleep(0.5)  # the worker looks after the timer is due
-    for _ in range(50):
-        done = await worker(store, definition).run_once()
-        if isinstance(done, Completed):
-            break
-        await asyncio.sleep(0.02)
-    assert isinstance(done, Completed)
+    done = await until_completed(store, definition)
     assert done.output == ("in time: yes" if arrives == "before" else "late, then: yes")
     assert not await replay_problems(store, WorkflowRegistry(definition), "ta1", done.output)
 
@@ -933,11 +908,7 @@ async def test_an_outcome_waits_for_calls_the_live_run_made_before_it(store: Any
     point."""
     definition = WorkflowDefinition(thread_beside_a_failure)
     await store.enqueue(WorkflowTask("thread-beside-a-failure", 1, {}, checkpoint_id="f1"))
-    done = await worker(store, definition).run_once()
-    while not isinstance(done, Completed):  # the run suspends while the step's retries back off
-        assert isinstance(done, (Suspended, Idle)), done
-        await asyncio.sleep(0.05)
-        done = await worker(store, definition).run_once()
+    done = await until_completed(store, definition)  # the run suspends while the step's retries back off
     assert done.output == ["StepFailedError"] and calls["sibling"] == 3
     assert "1/sleep#1" in await keys(store, "f1", "timer_started")
     for _ in range(3):
@@ -1068,13 +1039,8 @@ async def test_a_step_polled_by_a_busy_loop_is_seen_at_the_same_pass_on_replay(s
     run resumed from another execution diverged (helper-29)."""
     definition = WorkflowDefinition(polls_a_step)
     await store.enqueue(WorkflowTask("polls-a-step", 1, {}, checkpoint_id="ps1"))
-    for _ in range(50):
-        done = await worker(store, definition).run_once()
-        if isinstance(done, Completed):
-            break
-        assert isinstance(done, (Suspended, Idle)), done
-        await asyncio.sleep(0.02)
-    assert isinstance(done, Completed) and done.output[0] == "done" and done.output[1] > 1000
+    done = await until_completed(store, definition)
+    assert done.output[0] == "done" and done.output[1] > 1000
     assert not await replay_problems(store, WorkflowRegistry(definition), "ps1", done.output)
 
 

@@ -32,7 +32,7 @@ from runifold import (
 )
 from runifold.history import StepFailed
 from tests.corpus.check import replay_problems
-from tests.support import entries, event_types, send_signal, worker
+from tests.support import entries, event_types, send_signal, until_completed, worker
 
 ran: Counter[str] = Counter()
 
@@ -92,12 +92,8 @@ async def test_data_whose_default_is_made_anew_at_each_decode_is_refused(store: 
 
     full = {"order": {"order_id": "o-2", "request_id": str(uuid.uuid4())}}
     await store.enqueue(registry.validate(WorkflowTask("takes-an-order", 1, full, checkpoint_id="o2")))
-    for _ in range(20):
-        done = await worker(store, *defs).run_once()
-        if isinstance(done, Completed):
-            break
-        await asyncio.sleep(0.02)
-    assert isinstance(done, Completed) and done.output == f"o-2:{full['order']['request_id']}"
+    done = await until_completed(store, *defs)
+    assert done.output == f"o-2:{full['order']['request_id']}"
     assert not await replay_problems(store, registry, "o2", done.output)
 
     await store.enqueue(WorkflowTask("approves-an-order", 1, {}, checkpoint_id="a1"))
@@ -136,12 +132,8 @@ async def test_a_pydantic_model_with_aliases_round_trips(store: Any) -> None:
     task = WorkflowRegistry(definition).validate(
         WorkflowTask("invoiced", 1, {"invoice": Invoice(orderId="o-1", totalCents=10)}, checkpoint_id="i1"))
     await store.enqueue(task)
-    for _ in range(20):
-        done = await worker(store, definition).run_once()
-        if isinstance(done, Completed):
-            break
-        await asyncio.sleep(0.02)
-    assert isinstance(done, Completed) and done.output == Invoice(orderId="o-1", totalCents=1000)
+    done = await until_completed(store, definition)
+    assert done.output == Invoice(orderId="o-1", totalCents=1000)
     assert not await replay_problems(store, WorkflowRegistry(definition), "i1", done.output)
 
 
