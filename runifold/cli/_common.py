@@ -19,7 +19,7 @@ from runifold.history import encode_value
 
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
-from runifold.stores._open import sqlite_path
+from runifold.stores._open import says_readonly, sqlite_path
 from runifold.worker import WorkflowRegistry
 
 DEFAULT_STORE = "sqlite:///runifold-workflows.db"
@@ -52,6 +52,9 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
         path = sqlite_path(args.store)
     except ConfigurationError as exc:
         raise UsageError(f"--store: {exc}") from None
+    if not readonly and says_readonly(args.store):  # a worker would start, then fail every claim until stopped
+        raise UsageError(f"--store: ?mode=ro opens the store read-only, and `runifold {args.command}` writes to it; "
+                         "drop ?mode=ro")
     if path is not None and not create and not os.path.exists(path):
         action = "reads" if readonly else "changes"
         raise UsageError(f"no SQLite store at {path}: `runifold {args.command}` {action} an existing store and never "

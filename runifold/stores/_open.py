@@ -53,6 +53,12 @@ def sqlite_path(url: str) -> str | None:
     return None if sqlite is None else sqlite[0]
 
 
+def says_readonly(url: str) -> bool:
+    """The URL opens its store read-only (a SQLite URL's ``?mode=ro``)."""
+    sqlite = _sqlite(url)
+    return sqlite is not None and sqlite[1]
+
+
 def _sqlite(url: str) -> tuple[str, bool] | None:
     """The file a SQLite URL (or a plain path ending in ``.db``) names, and whether it says ``?mode=ro``; None
     for a PostgreSQL or memory URL. The one place a store URL is read."""
