@@ -65,7 +65,7 @@ async def retry_cmd(args: argparse.Namespace) -> int:
                 for info in page:
                     try:
                         result = await retry_run(store, info.run_id, by=args.by, reason=args.reason)
-                    except InvalidStateError as exc:  # it changed since the listing (retried by someone else)
+                    except InvalidStateError as exc:  # it cannot be retried, or changed since the listing (retried by someone else)
                         results.append({"run_id": info.run_id, "checkpoint_id": info.checkpoint_id, "retried": False,
                                         "error": str(exc)})
                     else:

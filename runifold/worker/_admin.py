@@ -138,7 +138,10 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
     the fix first (compatible with the history, or the run diverges).
 
     Raises:
-        InvalidStateError: the run has not failed.
+        InvalidStateError: the run has not failed, or its workflow code made
+            calls after the failed call's failure reached it (a compensation, a
+            cleanup in ``finally``, siblings it cancelled): a replay that gives
+            the call another attempt would not make them again.
     """
     if not by or not reason:
         raise InvalidStateError("retrying a run needs `by` (who) and `reason` (why); both go into the history")
@@ -147,6 +150,12 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
     if not isinstance(last, RunFailed):
         status = (await store.get_run(run_ref)).status
         raise InvalidStateError(f"run {run_ref} has not failed (it is {status}); only failed runs can be retried")
+    if last.handled:
+        raise InvalidStateError(
+            f"run {run_ref} cannot be retried: after {last.key} failed, its workflow code made more calls (a "
+            f"compensation, a cleanup in finally, siblings it cancelled) before the run failed, and a replay in which "
+            f"{last.key} gets another attempt would not make them again; start a new run instead (enqueue it with "
+            f"another checkpoint id)")
     event = RunRetried(key=last.key, by=by, reason=reason)
     result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY,
                                    f"retried by {by}: {reason}")

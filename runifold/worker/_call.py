@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runifold.dsl._definition import EffectSpec, StepSpec
-from runifold.errors import NondeterminismError
+from runifold.errors import EffectFailedError, NondeterminismError, StepFailedError
 from runifold.history import CallKind
 from runifold.stores import Lease, WorkflowStore
 
@@ -105,3 +105,12 @@ def why(call: Call) -> str:
             return f"timer {call.key}"
         case _:
             return f"{call.kind} {call.key} attempt {call.attempt} waits for its retry: {call.error}"
+
+
+def failed_call(exc: BaseException) -> str:
+    """The key of the call whose failure the workflow raised: the error itself, or the only error of an
+    ExceptionGroup (a TaskGroup's); "" when the run failed otherwise."""
+    if isinstance(exc, BaseExceptionGroup):
+        errors = exc.exceptions
+        return failed_call(errors[0]) if len(errors) == 1 else ""
+    return exc.key if isinstance(exc, (StepFailedError, EffectFailedError)) else ""

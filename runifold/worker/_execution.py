@@ -89,7 +89,7 @@ from runifold.stores import (
     WorkflowStore,
     WorkflowTask,
 )
-from runifold.worker._call import Call, Live, ReplayReport, Usage, why
+from runifold.worker._call import Call, Live, ReplayReport, Usage, failed_call, why
 from runifold.worker._loop import WorkflowLoop
 from runifold.worker._progress import LiveProgress
 from runifold.worker._replaying import Replaying
@@ -168,6 +168,10 @@ class Execution(LiveProgress, Replaying):
         self._starts = []
         self._finished = []
         self._failure: tuple[str, BaseException | None, str] | None = None  # reason, exception, call key
+        # calls workflow code has made (registered, values drawn, charges, cancellations), live and replayed alike;
+        # and, for each call whose final failure was handed to it, how many it had made by then
+        self._made = 0
+        self._failed_at: dict[str, int] = {}
         self._divergence: NondeterminismError | None = None
         self._lost: str | None = None
         self._store_error: StoreError | None = None
@@ -285,6 +289,7 @@ class Execution(LiveProgress, Replaying):
         key = scope.key(kind)
         if self._closing:
             return make()  # the run is suspended or over: nothing is recorded (see _register)
+        self._made += 1
         events = self._visit(key, CallKind.VALUE)
         if events:
             event = events[0]
@@ -297,7 +302,10 @@ class Execution(LiveProgress, Replaying):
     def charge(self, scope: Scope, units: float) -> None:
         self._here()
         key = scope.key("charge")
-        if self._closing or self._visit(key, CallKind.CHARGE):
+        if self._closing:
+            return
+        self._made += 1
+        if self._visit(key, CallKind.CHARGE):
             return
         budget = self.definition.budget.max_cost_units
         if budget is not None and self.usage.cost_units + units > budget:
@@ -338,6 +346,7 @@ class Execution(LiveProgress, Replaying):
             if task is not None:
                 task.cancel()
             return Call(key, kind, self._loop.create_future(), returns, **fields)
+        self._made += 1
         events = self._visit(key, kind)
         call = Call(key, kind, self._loop.create_future(), returns, **fields)
         if self._divergence is not None:
@@ -525,6 +534,8 @@ class Execution(LiveProgress, Replaying):
         if call.future.done():
             return
         if error is not None:
+            if isinstance(error, (StepFailedError, EffectFailedError)):
+                self._failed_at[call.key] = self._made
             call.future.set_exception(error)
         else:
             call.future.set_result(value)
@@ -590,8 +601,7 @@ class Execution(LiveProgress, Replaying):
             return await self._finish_failed(("the workflow's task was cancelled", None, ""))
         exc = root.exception()
         if exc is not None:
-            key = exc.key if isinstance(exc, (StepFailedError, EffectFailedError)) else ""
-            return await self._finish_failed((f"workflow raised {describe(exc)}", exc, key))
+            return await self._finish_failed((f"workflow raised {describe(exc)}", exc, failed_call(exc)))
         try:
             plain, output = record(root.result(), self.definition.spec.returns.get(), what="the workflow")
         except SerializationError as err:
@@ -607,7 +617,10 @@ class Execution(LiveProgress, Replaying):
         reason = recordable(reason)
         error_type = "" if exc is None else type_name(exc)
         tb = "" if exc is None or exc.__traceback__ is None else traceback_of(exc)
-        self._buffer.append(RunFailed(key=key, reason=reason, error_type=error_type, traceback=tb))
+        # invariant: a retry gives the failed call another attempt only if workflow code made no call after its
+        # failure reached it: a replay in which that call succeeds would not make those calls again
+        handled = key in self._failed_at and self._failed_at[key] != self._made
+        self._buffer.append(RunFailed(key=key, reason=reason, error_type=error_type, traceback=tb, handled=handled))
         await self._commit(Finish(RunStatus.FAILED, reason))
         self.log.error("run_failed", reason=reason, error_type=error_type, revision=self.revision)
         return FailedOutcome(self.run_id, self.checkpoint_id, reason)

@@ -111,6 +111,7 @@ class LiveProgress:
     _lost: str | None  # why the lease was lost, once it was
     _replaying: bool
     _flush: bool  # commit the buffer at the next pass, outcome or not
+    _made: int  # calls workflow code has made, cancellations included (see Execution)
     _inbox_read: float  # the store's clock when the run's inbox was last read (the claim read it)
     _inbox_due: float | None  # when to read it next, while a signal wait is open (see _wait_end)
     #: the driver's task while it awaits a body itself (see _launch): what stops the body when the lease is lost
@@ -147,7 +148,10 @@ class LiveProgress:
         and its outcome is recorded (it may have touched the world already); one that never started is
         cancelled like a step. A replay (and a teardown) records nothing.
         """
-        if self._closing or self._replaying or self._live is None or call.cancelled:
+        if self._closing:
+            return
+        self._made += 1  # a cancellation is a call of workflow code, on replay too
+        if self._replaying or self._live is None or call.cancelled:
             return
         if call not in self._open and not call.busy:
             return  # its outcome is recorded already, or it never progressed live

@@ -1,0 +1,183 @@
+"""Retrying a failed run (``retry_run``, ``runifold retry``) on every store, around the shapes workflow code takes.
+
+A retry gives the call whose failure ended the run another attempt, and the replay returns everything else as
+recorded. That is sound only if workflow code made no call after the failure reached it: a compensation, a
+cleanup in ``finally`` or a sibling a TaskGroup cancelled would not be made again by a replay in which the call
+succeeds, so such a run is refused, with nothing appended to its history. Every retried run that completes
+replays cleanly against its code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from runifold import (
+    Completed,
+    Failed,
+    InvalidStateError,
+    RetryPolicy,
+    RunStatus,
+    StepFailedError,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    retry_run,
+    step,
+    workflow,
+)
+from runifold.history import RunFailed
+from runifold.worker import replay_run
+from tests.support import NO_WAIT, entries, event_types, until_completed, worker
+
+#: while set, book_flight fails; the "deploy" of a fix clears it
+broken = {"flight": True}
+ran: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    broken["flight"] = True
+    ran.clear()
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=NO_WAIT))
+async def book_flight(trip: str) -> str:
+    ran.append("book_flight")
+    if broken["flight"]:
+        raise ConnectionError("the airline is down")
+    return f"flight for {trip}"
+
+
+@step()
+async def book_hotel(trip: str) -> str:
+    ran.append("book_hotel")
+    return f"hotel for {trip}"
+
+
+@step()
+async def cancel_hotel(booking: str) -> str:
+    ran.append("cancel_hotel")
+    return f"cancelled {booking}"
+
+
+@step()
+async def pack(trip: str) -> str:
+    ran.append("pack")
+    await asyncio.sleep(0.2)  # still running when the flight fails
+    return f"packed for {trip}"
+
+
+@step()
+async def quick(trip: str) -> str:
+    ran.append("quick")
+    return f"quick {trip}"
+
+
+@workflow("plain-trip")
+async def plain_trip(ctx: WorkflowContext, trip: str) -> list[str]:
+    hotel = await book_hotel(trip)
+    return [hotel, await book_flight(trip)]
+
+
+@workflow("saga-trip")
+async def saga_trip(ctx: WorkflowContext, trip: str) -> list[str]:
+    hotel = await book_hotel(trip)
+    try:
+        return [hotel, await book_flight(trip)]
+    except StepFailedError:
+        await cancel_hotel(hotel)  # compensate, then fail
+        raise
+
+
+@workflow("finally-trip")
+async def finally_trip(ctx: WorkflowContext, trip: str) -> str:
+    try:
+        return await book_flight(trip)
+    finally:
+        await cancel_hotel("cleanup")
+
+
+@workflow("taskgroup-trip")
+async def taskgroup_trip(ctx: WorkflowContext, trip: str) -> list[str]:
+    async with asyncio.TaskGroup() as group:
+        packing = group.create_task(pack(trip))  # cancelled by the group when the flight fails
+        flight = group.create_task(book_flight(trip))
+    return [packing.result(), flight.result()]
+
+
+@workflow("taskgroup-done-trip")
+async def taskgroup_done_trip(ctx: WorkflowContext, trip: str) -> list[str]:
+    async with asyncio.TaskGroup() as group:
+        first = group.create_task(quick(trip))
+        await first  # finished before the flight is tried: the group cancels nothing
+        flight = group.create_task(book_flight(trip))
+    return [first.result(), flight.result()]
+
+
+@workflow("timeout-trip")
+async def timeout_trip(ctx: WorkflowContext, trip: str) -> str:
+    return await asyncio.wait_for(book_flight(trip), 60)  # the failure cancels the timeout's timer
+
+
+@workflow("gather-trip")
+async def gather_trip(ctx: WorkflowContext, trip: str) -> list[str]:
+    return list(await asyncio.gather(pack(trip), book_flight(trip)))
+
+
+DEFINITIONS = {fn.__name__: WorkflowDefinition(fn) for fn in
+               (plain_trip, saga_trip, finally_trip, taskgroup_trip, taskgroup_done_trip, timeout_trip, gather_trip)}
+
+
+async def _fail(store: Any, definition: WorkflowDefinition, ref: str) -> RunFailed:
+    await store.enqueue(WorkflowTask(definition.name, 1, {"trip": "rome"}, checkpoint_id=ref))
+    for _ in range(5):
+        outcome = await worker(store, definition).run_once()
+        if isinstance(outcome, Failed):
+            break
+    assert (await store.get_run(ref)).status is RunStatus.FAILED
+    last = (await entries(store, ref))[-1].event
+    assert isinstance(last, RunFailed)
+    return last
+
+
+async def _completes_and_replays(store: Any, definition: WorkflowDefinition, ref: str) -> Any:
+    done = await until_completed(store, definition)
+    assert isinstance(done, Completed)
+    registry = WorkflowRegistry()
+    registry.register(definition)
+    report = await replay_run(store, registry, ref)
+    assert report.divergence is None and report.finished and report.error is None
+    return done.output
+
+
+@pytest.mark.parametrize("name", ["plain_trip", "taskgroup_done_trip", "gather_trip"])
+async def test_a_failure_the_code_let_through_gets_another_attempt(store: Any, name: str) -> None:
+    """The failed call's error went straight out of the workflow (a TaskGroup's ExceptionGroup of one error
+    included): a retry after the fix gives that call another attempt, the run completes and replays."""
+    definition = DEFINITIONS[name]
+    failed = await _fail(store, definition, "t1")
+    assert failed.key.endswith("book_flight#1") and not failed.handled
+    broken["flight"] = False
+    await retry_run(store, "t1", by="ops", reason="the airline is back")
+    ran.clear()
+    output = await _completes_and_replays(store, definition, "t1")
+    assert output[-1] == "flight for rome" and ran == ["book_flight"]  # nothing else ran again
+
+
+@pytest.mark.parametrize("name", ["saga_trip", "finally_trip", "taskgroup_trip", "timeout_trip"])
+async def test_a_failure_the_code_went_on_from_is_refused(store: Any, name: str) -> None:
+    """Workflow code made calls after the failure reached it (a compensation, a cleanup in finally, a sibling the
+    TaskGroup cancelled, the timer of a wait_for it cancelled): the retry is refused, saying why and what to do, and the history is untouched."""
+    definition = DEFINITIONS[name]
+    failed = await _fail(store, definition, "t1")
+    assert failed.handled
+    before = await event_types(store, "t1")
+    with pytest.raises(InvalidStateError, match="cannot be retried: after .*book_flight#1 failed, its workflow code "
+                                                "made more calls .* start a new run instead"):
+        await retry_run(store, "t1", by="ops", reason="the airline is back")
+    assert await event_types(store, "t1") == before
+    assert (await store.get_run("t1")).status is RunStatus.FAILED
