@@ -22,6 +22,14 @@ def run_example(name: str, tmp_path: Path, *args: str) -> str:
     return result.stdout
 
 
+def test_no_example_hides_a_standard_module() -> None:
+    """`python examples/X.py` puts examples/ first on the import path, so an example named like a standard module
+    (examples/types.py) replaced it for everything, and every example failed with an ImportError outside an
+    editable install (helper-32)."""
+    names = {path.stem for path in (ROOT / "examples").glob("*.py")}
+    assert names and not names & sys.stdlib_module_names
+
+
 def test_order_intake_demo(tmp_path: Path) -> None:
     """The demo completes the order, prints its history, and does not repeat a finished run."""
     out = run_example("order_intake.py", tmp_path, str(tmp_path / "demo.db"))
@@ -95,7 +103,7 @@ async def test_concurrency_example(kind: str, tmp_path: Path) -> None:
 async def test_types_example(kind: str, tmp_path: Path) -> None:
     """A pydantic input (a bad one refused naming the field), dataclass and Struct results, a thread step, a
     retried timeout, a typed signal payload, and step log lines carrying the run id and the call key."""
-    out = run_example("types.py", tmp_path, await _store_url(kind, tmp_path, "types.db"))
+    out = run_example("typed_values.py", tmp_path, await _store_url(kind, tmp_path, "types.db"))
     assert "refused: input for workflow 'quote-order' v1: parameter 'order'" in out
     assert "quantity: Input should be greater than 0" in out
     assert ("quote-order q-1 -> Outcome(quote=Quote(order_id='q-1', cents=3750, valid_until=datetime.datetime(2026, 12, 8, "

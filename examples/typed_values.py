@@ -2,7 +2,7 @@
 signal payloads, a plain ``def`` step that blocks (it runs in a worker thread), a step with a timeout that is
 retried, and log lines from step code that carry the run id and the call key.
 
-Run with ``.venv/bin/python examples/types.py [STORE_URL]`` (default: a SQLite file in the current
+Run with ``.venv/bin/python examples/typed_values.py [STORE_URL]`` (default: a SQLite file in the current
 directory; needs pydantic: ``pip install 'runifold[pydantic]'``). An application starts a ``quote-order``
 run with a client; an input that does not fit the model is refused before anything is stored. A
 ``Supervisor`` in the same process plays the worker fleet, and alice approves with a signed signal.
