@@ -30,7 +30,7 @@ MAX_SECONDS = 1e9
 MAX_VERSION = 2**31 - 1
 
 __all__ = ["DEFAULT_STORE", "UsageError", "clip", "compact", "drop_output", "emit_json", "operator", "parse_json", "positive_int",
-           "printable", "registry_of", "seconds", "store_of", "table", "when"]
+           "printable", "registry_of", "seconds", "store_of", "table", "text", "when"]
 
 
 class UsageError(Exception):
@@ -183,6 +183,13 @@ def seconds(value: str) -> float:
     if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{value!r} must be a positive, finite number of seconds up to {MAX_SECONDS:g}")
     return number
+
+
+def text(value: str) -> str:
+    """An argparse type: a value that is not empty (a reason, a name, an identity)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
 
 
 def version(value: str) -> int:

@@ -24,8 +24,10 @@ from runifold.cli._common import (
     registry_of,
     seconds,
     store_of,
+    text,
     version,
 )
+from runifold.errors import InvalidInputError
 from runifold.history import Resolution
 from runifold.stores import RunStatus, WorkflowTask
 from runifold.worker import LeaseDuration, Supervisor, WorkerId, WorkflowWorker, cancel_run, resolve_effect
@@ -52,7 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     enqueue.add_argument("name")
     enqueue.add_argument("version", type=version)
     enqueue.add_argument("--input", default="{}", help="JSON object of workflow arguments")
-    enqueue.add_argument("--checkpoint-id", help="durable identity of the run")
+    enqueue.add_argument("--checkpoint-id", type=text, help="durable identity of the run")
     enqueue.add_argument("--concurrency-key", help="at most --concurrency-limit runs of this key run at once "
                                                    "(default: the definition's ConcurrencyLimit, if any)")
     enqueue.add_argument("--concurrency-limit", type=positive_int(MAX_CONCURRENCY), help="with --concurrency-key")
@@ -65,14 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     how.add_argument("--applied", metavar="JSON", help="it took place; JSON is what it returned")
     how.add_argument("--retry", action="store_true", help="run it again with the same idempotency key")
     how.add_argument("--fail", action="store_true", help="the workflow receives EffectFailedError")
-    resolve.add_argument("--reason", required=True)
-    resolve.add_argument("--by", default=operator(), help="who decides (default: your user name)")
+    resolve.add_argument("--reason", required=True, type=text)
+    resolve.add_argument("--by", default=operator(), type=text, help="who decides (default: your user name)")
     resolve.set_defaults(handler=resolve_cmd)
 
     cancel = sub.add_parser("cancel", help="cancel an unfinished run (cancelling a cancelled run changes nothing)")
     cancel.add_argument("run")
-    cancel.add_argument("--reason", required=True)
-    cancel.add_argument("--by", default=operator(), help="who decides (default: your user name)")
+    cancel.add_argument("--reason", required=True, type=text)
+    cancel.add_argument("--by", default=operator(), type=text, help="who decides (default: your user name)")
     cancel.set_defaults(handler=cancel_cmd)
 
     migrate = sub.add_parser("migrate", help="create or migrate the store's schema")
@@ -157,9 +159,12 @@ async def enqueue_cmd(args: argparse.Namespace) -> int:
     if (args.concurrency_key is None) != (args.concurrency_limit is None):
         raise UsageError("--concurrency-key and --concurrency-limit go together: give both, or neither to use "
                          "the definition's ConcurrencyLimit")
-    task = registry_of(args).validate(WorkflowTask(args.name, args.version, data, args.checkpoint_id,
-                                                   concurrency_key=args.concurrency_key,
-                                                   concurrency_limit=args.concurrency_limit))
+    try:
+        task = WorkflowTask(args.name, args.version, data, args.checkpoint_id, concurrency_key=args.concurrency_key,
+                            concurrency_limit=args.concurrency_limit)
+    except InvalidInputError as exc:  # a flag's value the task cannot take (a checkpoint id in the run-id form)
+        raise UsageError(str(exc)) from exc
+    task = registry_of(args).validate(task)
     store = await store_of(args, create=True)
     try:
         result = await store.enqueue(task)

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._common import UsageError, emit_json, operator, positive_int, printable, store_of, version, when
+from runifold.cli._common import UsageError, emit_json, operator, positive_int, printable, store_of, text, version, when
 from runifold.errors import InvalidStateError
 from runifold.stores import RunStatus
 from runifold.worker import retry_run
@@ -26,8 +26,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     retry.add_argument("--version", type=version, help="with --name: only runs of this version")
     retry.add_argument("--status", choices=[RunStatus.FAILED.value],
                        help="with --name: which runs (only failed runs can be retried)")
-    retry.add_argument("--reason", required=True, help="why: kept in the history")
-    retry.add_argument("--by", default=operator(), help="who decides (default: your user name)")
+    retry.add_argument("--reason", required=True, type=text, help="why: kept in the history")
+    retry.add_argument("--by", default=operator(), type=text, help="who decides (default: your user name)")
     retry.set_defaults(handler=retry_cmd)
 
     wake = sub.add_parser("wake", help="make a rescheduled or diverged run due now (a waiting run is looked at, its timers keep their times)")

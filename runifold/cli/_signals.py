@@ -7,7 +7,7 @@ import time
 
 import msgspec
 
-from runifold.cli._common import UsageError, clip, emit_json, parse_json, printable, registry_of, store_of, table, when
+from runifold.cli._common import UsageError, clip, emit_json, parse_json, printable, registry_of, store_of, table, text, when
 from runifold.signals import HmacKeyRing, SignalEnvelope, SignalGateway, sign
 
 NO_RING = ("`runifold signal` verifies the signature against the deployment's key ring, never the sender's own file: "
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     signal.add_argument("--as", dest="sender", required=True, help="the sender's identity")
     signal.add_argument("--key-file", required=True, help="the sender's key file (signs; see `runifold keys new`)")
     signal.add_argument("--keys", help="the deployment's key ring the signature is verified against (required)")
-    signal.add_argument("--reason", required=True, help="why: kept in the history and the audit")
+    signal.add_argument("--reason", required=True, type=text, help="why: kept in the history and the audit")
     signal.set_defaults(handler=signal_cmd)
 
     audit = sub.add_parser("audit", help="every signal attempt on a run: accepted, duplicate, rejected")

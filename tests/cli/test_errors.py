@@ -123,6 +123,21 @@ def test_commands_that_write_refuse_a_read_only_store_url(cli: Cli) -> None:
     assert listed.returncode == 0 and "c1" in listed.stdout
 
 
+def test_empty_or_reserved_flag_values_are_usage_errors(cli: Cli) -> None:
+    """An empty --checkpoint-id, --reason or --by, or a checkpoint id in the run-id form, is a bad value: exit 2
+    naming the flag (they exited 1, the first with the API's wording "a non-empty string or None": helper-32)."""
+    enqueued(cli)
+    one_line_error(cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", ""), 2,
+                   "argument --checkpoint-id: must not be empty")
+    one_line_error(cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "run_abc"), 2,
+                   "starts with 'run_', which is reserved for run ids")
+    for command in (["cancel", "c1"], ["retry", "c1"], ["resolve", "c1", "pay#1", "--fail"],
+                    ["signal", "c1", "approval", "--signal-id", "s1", "--as", "alice"]):
+        one_line_error(cli(*command, "--reason", " "), 2, "argument --reason: must not be empty")
+    one_line_error(cli("cancel", "c1", "--reason", "r", "--by", ""), 2, "argument --by: must not be empty")
+    assert json.loads(cli("runs", "show", "c1", "--json").stdout)["run"]["status"] == "ready"
+
+
 def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:
     """`--store memory:` lives and dies with one command: `enqueue` printed "enqueued run_..." for a run already
     gone (helper-23)."""
