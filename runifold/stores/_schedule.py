@@ -128,12 +128,24 @@ class Schedule:
 
     def ticks_back(self, now: float, after: float, limit: int) -> list[float]:
         """Ticks ``t`` with ``after < t <= now``, the most recent first, at most ``limit``."""
-        ticks: list[float] = []
-        for tick in self._back(now):
-            if tick <= after or len(ticks) >= limit:
+        if self.every is not None:
+            step = int(self.every.total_seconds())
+            last = math.floor(now) // step * step
+            return [float(t) for t in range(last, math.floor(after), -step)[:limit] if t > after]
+        assert self.cron is not None
+        zone = self.zone()
+        shift = _shift(zone, after, now)
+        found: set[float] = set()
+        stop, capped = _wall(after, zone) - shift, False
+        # whole seconds: reverse iteration yields ticks before its start, so start just after now
+        for wall in _cron(self.cron, _wall(math.floor(now) + 1, zone) + shift, reverse=True, name=self.name):
+            if wall < stop:
                 break
-            ticks.append(tick)
-        return ticks
+            found.update(t for t in _instants(wall, zone, self._fixed()) if after < t <= now)
+            if len(found) >= limit and not capped:
+                # no wall time older than this has a tick among the latest ``limit``
+                stop, capped = max(stop, _wall(sorted(found)[-limit], zone) - shift), True
+        return sorted(found, reverse=True)[:limit]
 
     def next_tick(self, after: float) -> float | None:
         """The first tick after ``after`` (None: none within 50 years)."""
@@ -141,24 +153,22 @@ class Schedule:
             step = int(self.every.total_seconds())
             return float((math.floor(after) // step + 1) * step)
         assert self.cron is not None
-        moment = datetime.fromtimestamp(after, self.zone())
-        try:
-            return next(_cron(self.cron, moment, reverse=False, name=self.name)).timestamp()
-        except StopIteration:
-            return None
+        zone = self.zone()
+        first: float | None = None
+        for wall in _cron(self.cron, _wall(after, zone) - _SHIFT, reverse=False, name=self.name):
+            if first is not None and wall > _wall(first, zone) + _shift(zone, first, first):
+                break
+            for t in _instants(wall, zone, self._fixed()):
+                if t > after and (first is None or t < first):
+                    first = t
+        return first
 
-    def _back(self, now: float) -> Iterator[float]:
-        if self.every is not None:
-            step = int(self.every.total_seconds())
-            tick = math.floor(now) // step * step
-            while True:
-                yield float(tick)
-                tick -= step
+    def _fixed(self) -> bool:
+        """The cron expression fires at fixed times of day, which Debian's cron moves across clock changes: five
+        fields, neither the minute nor the hour a wildcard (as cronsim decides it)."""
         assert self.cron is not None
-        # whole seconds: reverse iteration yields ticks before its start, so start just after now
-        start = datetime.fromtimestamp(math.floor(now) + 1, self.zone())
-        for moment in _cron(self.cron, start, reverse=True, name=self.name):
-            yield moment.timestamp()
+        fields = self.cron.split()
+        return len(fields) == 5 and not fields[0].startswith("*") and not fields[1].startswith("*")
 
     def task(self, tick: float) -> WorkflowTask:
         """The task this schedule enqueues for ``tick``."""
@@ -197,6 +207,50 @@ class ScheduleInfo(msgspec.Struct, frozen=True):
 def tick_checkpoint(name: str, tick: float) -> str:
     """The checkpoint id of a schedule's run for ``tick``: ``schedule:<name>:<tick as ISO-8601 UTC>``."""
     return f"schedule:{name}:{datetime.fromtimestamp(tick, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+
+#: the largest change of a zone's clock that cron's ticks are placed across (tzdata's are mostly an hour): wall
+#: times and instants keep their order to within it
+_SHIFT = timedelta(hours=4)
+
+
+def _shift(zone: tzinfo, start: float, end: float) -> timedelta:
+    """How far wall times and instants may be out of order between ``start`` and ``end``: not at all where the
+    zone's clock does not change (its offset is the same _SHIFT before and after)."""
+    before = datetime.fromtimestamp(start - _SHIFT.total_seconds(), zone).utcoffset()
+    after = datetime.fromtimestamp(end + _SHIFT.total_seconds(), zone).utcoffset()
+    return timedelta(0) if before == after else _SHIFT
+
+
+def _wall(instant: float, zone: tzinfo) -> datetime:
+    """What a clock in ``zone`` shows at ``instant``: a naive datetime (converting an instant is never ambiguous)."""
+    return datetime.fromtimestamp(instant, zone).replace(tzinfo=None)
+
+
+def _instants(wall: datetime, zone: tzinfo, fixed: bool) -> list[float]:
+    """The instants at which cron fires for the wall time ``wall`` in ``zone``: the one when the clock shows it;
+    where the clocks go back and show it twice, the first for a time of day (``fixed``), both otherwise; where
+    they go forward and skip it, the end of the gap for a time of day, none otherwise.
+
+    Only instants are converted to wall times (never the other way, which zones whose clocks change by half an
+    hour or off the hour confuse): the candidates are the wall time at the offsets before and after a change.
+    """
+    candidates = {(wall - wall.replace(tzinfo=zone, fold=fold).utcoffset()).replace(tzinfo=UTC).timestamp()  # type: ignore[operator]
+                  for fold in (0, 1)}
+    shown = sorted(t for t in candidates if _wall(t, zone) == wall)
+    if shown:
+        return shown[:1] if fixed else shown
+    if not fixed or len(candidates) < 2:
+        return []
+    # skipped: the gap ends at the first instant whose clock shows a later time than ``wall``
+    lo, hi = int(min(candidates)), int(max(candidates))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _wall(mid, zone) > wall:
+            hi = mid
+        else:
+            lo = mid + 1
+    return [float(lo)]
 
 
 def _cron(expression: str, start: datetime, *, reverse: bool, name: str) -> Iterator[datetime]:

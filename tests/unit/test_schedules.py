@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 from typing import Any
 
 import pytest
@@ -106,6 +107,62 @@ def test_clock_changes_fire_a_cron_time_once() -> None:
     autumn = Schedule("s", "report", 1, cron="30 3 * * *", timezone="Europe/Riga")  # 04:00 -> 03:00 on 2026-10-25
     ticks = autumn.ticks_back(at("2026-10-26T12:00:00+00:00"), at("2026-10-24T12:00:00+00:00"), 10)
     assert [iso(t) for t in sorted(ticks)] == ["2026-10-25T00:30:00Z", "2026-10-26T01:30:00Z"]
+
+
+def _fires_by_the_minute(cron: str, timezone: str, start: int, end: int) -> list[float]:
+    """An oracle for the documented rule, read off the clock minute by minute after start (instants to wall times only): a
+    time of day fires when the clock first shows it, or, skipped, at the end of the gap; other expressions fire
+    whenever the clock shows a matching minute."""
+    from cronsim import CronSim
+
+    zone = ZoneInfo(timezone)
+    fields = cron.split()
+    fixed = not fields[0].startswith("*") and not fields[1].startswith("*")
+
+    def matches(wall: datetime) -> bool:
+        return next(CronSim(cron, wall - timedelta(seconds=1))) == wall
+
+    fired: list[float] = []
+    shown: set[datetime] = set()
+    before: datetime | None = None
+    for t in range(start + 60, end + 1, 60):
+        wall = datetime.fromtimestamp(t, zone).replace(tzinfo=None)
+        skipped = []
+        if before is not None and fixed:
+            skipped = [before + timedelta(minutes=m) for m in range(1, int((wall - before) / timedelta(minutes=1)))]
+        if (matches(wall) and not (fixed and wall in shown)) or any(matches(w) for w in skipped):
+            fired.append(float(t))
+        shown.add(wall)
+        before = wall
+    return fired
+
+
+@pytest.mark.parametrize("timezone, day", [
+    ("Pacific/Chatham", "2026-04-05"), ("Pacific/Chatham", "2026-09-27"),  # back at 03:45, forward at 02:45
+    ("Australia/Lord_Howe", "2026-04-05"), ("Australia/Lord_Howe", "2026-10-04"),  # half an hour back and forward
+    ("Europe/Riga", "2026-03-29"), ("Europe/Riga", "2026-10-25"),
+    ("America/New_York", "2026-03-08"), ("America/New_York", "2026-11-01"), ("UTC", "2026-03-29"),
+])
+def test_cron_ticks_across_clock_changes_follow_the_rule_in_every_zone(timezone: str, day: str) -> None:
+    """Going back (ticks_back, what workers start) and forward (next_tick, what `schedule list` shows), cron's
+    ticks are those the rule gives, minute by minute, in zones whose clocks change by half an hour or off the hour
+    too (in Chatham a check started one tick 1,000 times, 45 minutes early, and lost the ticks before it; on Lord
+    Howe next_tick skipped two: helper-33)."""
+    start = int(at(f"{day}T00:00:00+00:00")) - 86_400
+    end = start + 3 * 86_400
+    for cron in ("*/15 2 * * *", "30 3 * * *", "0 2 * * *", "45 2 * * *", "* 2 * * *", "0 * * * *", "*/20 1-3 * * *",
+                 "15 1,2,3 * * *"):
+        schedule = Schedule("s", "report", 1, cron=cron, timezone=timezone)
+        expected = _fires_by_the_minute(cron, timezone, start, end)
+        assert sorted(schedule.ticks_back(end, start, 10_000)) == expected, cron
+        forward, tick = [], schedule.next_tick(start)
+        while tick is not None and tick <= end:
+            forward.append(tick)
+            tick = schedule.next_tick(tick)
+        assert forward == expected, cron
+        # a check that sees only part of the span starts the same ticks: no tick from the future, none twice
+        for now in range(start + 3_600, end, 1_800):
+            assert sorted(schedule.ticks_back(now, now - 3_600, 10_000)) == [t for t in expected if now - 3_600 < t <= now], (cron, now)
 
 
 def test_the_catch_up_policy_starts_the_latest_tick_and_those_in_the_window() -> None:
