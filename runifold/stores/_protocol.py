@@ -27,6 +27,7 @@ once, in :mod:`runifold.stores._rule`.
 from __future__ import annotations
 
 import enum
+import math
 import secrets
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -516,8 +517,32 @@ def new_run_id(now: float) -> str:
 
 
 def ref_column(run_ref: str) -> Literal["run_id", "checkpoint_id"]:
-    """Say which column a run reference names: ``run_`` starts a run id, anything else is a checkpoint id."""
+    """Say which column a run reference names: ``run_`` starts a run id, anything else is a checkpoint id.
+
+    Raises:
+        SerializationError: the reference holds NUL or invalid Unicode, which no id can (every store the same).
+    """
+    check_text(run_ref, what="the run reference")
     return "run_id" if run_ref.startswith(RUN_ID_PREFIX) else "checkpoint_id"
+
+
+def check_listing(*, name: str | None = None, after: str | None = None, limit: int | None = None) -> None:
+    """Refuse filters of ``list_runs`` and ``count_runs`` that no store could answer the same way."""
+    if name is not None:
+        check_text(name, what="the workflow name")
+    if after is not None:
+        check_text(after, what="the run id to list after")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise InvalidInputError(f"limit must be a whole number from 0, got {limit!r}")
+
+
+def check_purge(before: float, limit: int) -> None:
+    """Refuse arguments of ``purge_finished`` that are no time or no count: every store deletes the same runs."""
+    if not isinstance(before, (int, float)) or isinstance(before, bool) or not math.isfinite(before):
+        raise InvalidInputError(f"purge_finished needs before= as a finite time (seconds since the epoch), "
+                                f"got {before!r}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise InvalidInputError(f"purge_finished needs limit= of at least 1, got {limit!r}")
 
 
 def check_text(value: str, *, what: str) -> None:

@@ -40,6 +40,8 @@ from runifold.stores._protocol import (
     Transition,
     WorkflowTask,
     clean_audit,
+    check_listing,
+    check_purge,
     clean_text,
     new_run_id,
     ref_column,
@@ -343,6 +345,7 @@ class MemoryWorkflowStore:
         self._audit = [a for a in self._audit if a.run_id != run.run_id]
 
     async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        check_purge(before, limit)
         finished = sorted((r for r in self._runs.values() if r.status.finished and r.updated_at < before),
                           key=lambda r: r.run_id)[:limit]
         for run in finished:
@@ -368,6 +371,7 @@ class MemoryWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
+        check_listing(name=name, after=after, limit=limit)
         runs = [r.info() for r in self._matching(status, name, version) if after is None or r.run_id < after]
         runs.sort(key=lambda r: r.run_id, reverse=True)
         return runs[:limit]
@@ -376,6 +380,7 @@ class MemoryWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
+        check_listing(name=name)
         now = self._clock()
         return sum(1 for r in self._matching(status, name, version)
                    if (concurrency_key is None or r.concurrency_key == concurrency_key)

@@ -61,6 +61,8 @@ from runifold.stores._protocol import (
     Transition,
     WorkflowTask,
     clean_audit,
+    check_listing,
+    check_purge,
     clean_text,
     new_run_id,
     ref_column,
@@ -550,6 +552,7 @@ class SqliteWorkflowStore:
         await self._write(op)
 
     async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
+        check_purge(before, limit)
         def op(conn: sqlite3.Connection) -> int:
             doomed = [r[0] for r in conn.execute(Q["finished_before"], (before, limit))]
             for run_id in doomed:
@@ -570,6 +573,7 @@ class SqliteWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
+        check_listing(name=name, after=after, limit=limit)
         params = (None if status is None else str(status), name, version, after, limit)
         rows = await self._read(lambda c: c.execute(Q["list_runs"], numbered(params)).fetchall())
         return [_run_info(r) for r in rows]
@@ -578,6 +582,7 @@ class SqliteWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
+        check_listing(name=name)
         params = (None if status is None else str(status), name, version, concurrency_key,
                   self._clock() if holding_slot else None)
         return int((await self._read(lambda c: c.execute(Q["count_runs"], numbered(params)).fetchone()))[0])

@@ -27,8 +27,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runifold._log import get_logger
 from runifold.cli._runs import duration
 from runifold.cli._text import clip, iso, printable
-from runifold.errors import RunifoldError, RunNotFoundError, StoreError
+from runifold.errors import RunifoldError, RunNotFoundError, SerializationError, StoreError
 from runifold.stores import RunStatus, WorkflowStore
+from runifold.stores._protocol import check_text, ref_column
 from runifold.ui import _data
 from runifold.ui._timeline import value
 from runifold.worker import WorkflowRegistry
@@ -120,7 +121,13 @@ def _int(request: Request, name: str, *, default: int | None = None, low: int = 
 
 
 def _text(request: Request, name: str) -> str | None:
-    return request.query_params.get(name, "").strip() or None
+    value = request.query_params.get(name, "").strip() or None
+    if value is not None:
+        try:
+            check_text(value, what=name)
+        except SerializationError as exc:  # NUL or invalid Unicode: no run, name or id holds it
+            raise BadRequest(str(exc)) from None
+    return value
 
 
 def _ref(request: Request) -> str:
@@ -134,10 +141,13 @@ def _filter(request: Request) -> _data.RunFilter:
     status = _text(request, "status")
     if status is not None and status not in {s.value for s in RunStatus}:
         raise BadRequest(f"status must be one of {', '.join(s.value for s in RunStatus)}, got {status!r}")
+    after = _text(request, "after")
+    if after is not None and ref_column(after) != "run_id":
+        raise BadRequest(f"after must be a run id (the last run id of the page before), got {after!r}")
     return _data.RunFilter(status=None if status is None else RunStatus(status), name=_text(request, "name"),
                            version=_int(request, "version", low=1), ref=_text(request, "ref"),
                            limit=_int(request, "limit", default=50, low=1, high=_data.MAX_PAGE) or 50,
-                           after=_text(request, "after"))
+                           after=after)
 
 
 def _verdict(request: Request) -> str | None:

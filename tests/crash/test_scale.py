@@ -228,7 +228,7 @@ async def test_killed_store_connection_loses_no_step() -> None:
     """The store's connections are killed again and again under load: every run completes, every step body runs once."""
     import asyncpg  # type: ignore[import-untyped]
 
-    from runifold.stores.postgres import APPLICATION as application
+    from runifold.stores._pg_pool import APPLICATION as application
     from tests.crash import load_app
 
     dsn = require_postgres()

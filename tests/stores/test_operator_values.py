@@ -131,3 +131,29 @@ def test_a_pydantic_result_prints_in_the_cli() -> None:
     from runifold.cli._common import compact
 
     assert compact(Decision(approved=True, by="bob")) == '{"approved":true,"by":"bob"}'
+
+
+async def test_operator_arguments_no_store_could_answer_alike_are_refused_on_every_store(store: Any) -> None:
+    """A NaN cutoff or a limit below 1 for purge_finished, and a run reference or list filter holding NUL, are
+    refused at the call, the same on every store, with nothing deleted (a NaN cutoff deleted every finished run
+    on PostgreSQL and none elsewhere; limit=-1 deleted every one on SQLite; a NUL reference was "not found" on
+    SQLite and a StoreError on PostgreSQL: helper-33)."""
+    from runifold import InvalidInputError, SerializationError
+
+    for i in range(3):
+        await store.enqueue(WorkflowTask("w", 1, {}, checkpoint_id=f"c{i}"))
+        await cancel_run(store, f"c{i}", by="ops", reason="finished")
+    for before, limit in ((float("nan"), 1000), (float("inf"), 1000), (await store.now() + 10, -1),
+                          (await store.now() + 10, 0)):
+        with pytest.raises(InvalidInputError, match="purge_finished needs"):
+            await store.purge_finished(before, limit=limit)
+    assert await store.count_runs() == 3
+    for call in (lambda: store.get_run("c\x000"), lambda: store.history("c\x000"), lambda: store.audit("c\x000"),
+                 lambda: cancel_run(store, "c\x000", by="ops", reason="r"), lambda: store.list_runs(name="w\x00"),
+                 lambda: store.count_runs(name="w\x00"), lambda: store.list_runs(after="run_\x00")):
+        with pytest.raises(SerializationError, match="holds a NUL character"):
+            await call()
+    with pytest.raises(InvalidInputError, match="limit must be"):
+        await store.list_runs(limit=-1)
+    assert await store.purge_finished(await store.now() + 10, limit=2) == 2
+    assert await store.count_runs() == 1

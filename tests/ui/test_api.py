@@ -66,6 +66,12 @@ def test_the_view_is_read_only_and_refuses_bad_requests(served: Served) -> None:
     assert get(served.url + "api/runs?status=stuck")[0] == 400
     assert get(served.url + "api/runs?limit=100000")[0] == 400
     assert get(served.url + "api/runs?version=two")[0] == 400
+    # as the command line refuses them (helper-33: a NUL reference was 503 on PostgreSQL and 404 on SQLite, and
+    # after=zzz gave the first page)
+    status, _, body = get(served.url + "api/runs?after=zzz")
+    assert status == 400 and "after must be a run id" in json.loads(body)["error"]
+    for query in ("api/run?ref=a%00b", "api/runs?name=a%00b", "run?ref=a%00b"):
+        assert get(served.url + query)[0] == 400, query
     status, _, body = get(served.url + "api/run?ref=no-such-run")
     assert status == 404 and "no-such-run" in json.loads(body)["error"]
     status, _, body = get(served.url + "run?ref=%3Cb%3Eno-such%3C%2Fb%3E")
