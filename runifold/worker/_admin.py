@@ -26,6 +26,7 @@ from runifold.history import (
 )
 from runifold.history import EffectResolved as EffectResolvedEvent
 from runifold.stores import CommitResult, EventRow, RunInfo, RunStatus, WorkflowStore
+from runifold.stores import _rule
 from runifold.worker._debug import call_returns
 from runifold.worker._registry import WorkflowRegistry
 
@@ -72,6 +73,9 @@ async def resolve_effect(
     if not by or not reason:
         raise InvalidStateError("resolving an effect needs `by` (who) and `reason` (why); both go into the history")
     info = await store.get_run(run_ref)
+    finished = _rule.intervene_refusal(info.run_id, info.status, _UNFINISHED)
+    if finished is not None:  # before the effect: a finished run's effects are settled, whatever they were
+        raise finished
     history = await _history(store, info.run_id)
     events = [e.event for e in history if e.event.key == key]
     if not isinstance(effect_state(events), Ambiguous):
