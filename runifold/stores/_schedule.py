@@ -134,7 +134,8 @@ class Schedule:
             return [float(t) for t in range(last, math.floor(after), -step)[:limit] if t > after]
         assert self.cron is not None
         zone = self.zone()
-        shift = _shift(zone, after, now)
+        # walls outside [wall(after), wall(now)] show in between only if the clock went back in between
+        shift = _shift(zone, after, now) if now - after < _DAY else _SHIFT
         found: set[float] = set()
         stop, capped = _wall(after, zone) - shift, False
         # whole seconds: reverse iteration yields ticks before its start, so start just after now
@@ -155,8 +156,11 @@ class Schedule:
         assert self.cron is not None
         zone = self.zone()
         first: float | None = None
-        for wall in _cron(self.cron, _wall(after, zone) - _SHIFT, reverse=False, name=self.name):
-            if first is not None and wall > _wall(first, zone) + _shift(zone, first, first):
+        # a clock going back soon after ``after`` shows earlier walls again; one going back before the first tick
+        # found shows later walls first
+        start = _wall(after, zone) - _shift(zone, after, after + _SHIFT.total_seconds())
+        for wall in _cron(self.cron, start, reverse=False, name=self.name):
+            if first is not None and wall > _wall(first, zone) + _shift(zone, first - _SHIFT.total_seconds(), first):
                 break
             for t in _instants(wall, zone, self._fixed()):
                 if t > after and (first is None or t < first):
@@ -212,14 +216,16 @@ def tick_checkpoint(name: str, tick: float) -> str:
 #: the largest change of a zone's clock that cron's ticks are placed across (tzdata's are mostly an hour): wall
 #: times and instants keep their order to within it
 _SHIFT = timedelta(hours=4)
+_DAY = 86_400.0
 
 
 def _shift(zone: tzinfo, start: float, end: float) -> timedelta:
-    """How far wall times and instants may be out of order between ``start`` and ``end``: not at all where the
-    zone's clock does not change (its offset is the same _SHIFT before and after)."""
-    before = datetime.fromtimestamp(start - _SHIFT.total_seconds(), zone).utcoffset()
-    after = datetime.fromtimestamp(end + _SHIFT.total_seconds(), zone).utcoffset()
-    return timedelta(0) if before == after else _SHIFT
+    """How far the zone's clock changed between ``start`` and ``end`` (at most one change: under a day apart), so
+    how far wall times and instants may be out of order there: nothing where the clock did not change."""
+    before = datetime.fromtimestamp(start, zone).utcoffset()
+    after = datetime.fromtimestamp(end, zone).utcoffset()
+    assert before is not None and after is not None
+    return min(abs(after - before), _SHIFT)
 
 
 def _wall(instant: float, zone: tzinfo) -> datetime:
