@@ -526,23 +526,44 @@ def ref_column(run_ref: str) -> Literal["run_id", "checkpoint_id"]:
     return "run_id" if run_ref.startswith(RUN_ID_PREFIX) else "checkpoint_id"
 
 
-def check_listing(*, name: str | None = None, after: str | None = None, limit: int | None = None) -> None:
-    """Refuse filters of ``list_runs`` and ``count_runs`` that no store could answer the same way."""
-    if name is not None:
-        check_text(name, what="the workflow name")
-    if after is not None:
-        check_text(after, what="the run id to list after")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+#: the largest count, limit or version a store takes (PostgreSQL's integer); a larger limit means "all of them"
+MAX_INT = 2**31 - 1
+
+
+def check_listing(*, name: str | None = None, after: str | None = None, limit: int | None = None,
+                  version: int | None = None, concurrency_key: str | None = None) -> int | None:
+    """Refuse filters of ``list_runs`` and ``count_runs`` that no store could answer the same way; return the
+    limit a store is given (one above :data:`MAX_INT` is all runs, as it is)."""
+    for value, what in ((name, "the workflow name"), (after, "the run id to list after"),
+                        (concurrency_key, "the concurrency key")):
+        if value is not None:
+            check_text(value, what=what)
+    if version is not None and (not _whole(version) or not 1 <= version <= MAX_INT):
+        raise InvalidInputError(f"version must be a whole number from 1 to {MAX_INT:,}, got {version!r}")
+    if limit is None:
+        return None
+    if not _whole(limit) or limit < 0:
         raise InvalidInputError(f"limit must be a whole number from 0, got {limit!r}")
+    return min(limit, MAX_INT)
 
 
-def check_purge(before: float, limit: int) -> None:
-    """Refuse arguments of ``purge_finished`` that are no time or no count: every store deletes the same runs."""
-    if not isinstance(before, (int, float)) or isinstance(before, bool) or not math.isfinite(before):
+def check_purge(before: float, limit: int) -> tuple[float, int]:
+    """Refuse arguments of ``purge_finished`` that are no time or no count, so every store deletes the same runs;
+    return them as a store takes them (a limit above :data:`MAX_INT` is all runs, as it is)."""
+    try:
+        cutoff = float(before) if isinstance(before, (int, float)) and not isinstance(before, bool) else math.nan
+    except OverflowError:  # an int too large for any clock
+        cutoff = math.nan
+    if not math.isfinite(cutoff):
         raise InvalidInputError(f"purge_finished needs before= as a finite time (seconds since the epoch), "
                                 f"got {before!r}")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+    if not _whole(limit) or limit < 1:
         raise InvalidInputError(f"purge_finished needs limit= of at least 1, got {limit!r}")
+    return cutoff, min(limit, MAX_INT)
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_text(value: str, *, what: str) -> None:

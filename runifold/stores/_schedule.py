@@ -23,7 +23,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
 
-from runifold.errors import InvalidInputError
+from runifold.errors import InvalidInputError, ScheduleNotFoundError
 from runifold.history import canonical_json
 from runifold.stores._protocol import WorkflowTask, check_text
 
@@ -206,6 +206,17 @@ class ScheduleInfo(msgspec.Struct, frozen=True):
     last_tick: float
     created_at: float
     updated_at: float
+
+
+def check_schedule_name(name: str) -> None:
+    """A name no schedule can have (NUL, invalid Unicode, characters outside ``[A-Za-z0-9_.-]``) names none, on every
+    store alike.
+
+    Raises:
+        ScheduleNotFoundError: always, for such a name.
+    """
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ScheduleNotFoundError(name)
 
 
 def tick_checkpoint(name: str, tick: float) -> str:

@@ -47,7 +47,7 @@ from runifold.stores._protocol import (
     ref_column,
     transition_columns,
 )
-from runifold.stores._schedule import Schedule, ScheduleInfo
+from runifold.stores._schedule import Schedule, ScheduleInfo, check_schedule_name
 
 
 @dataclass
@@ -345,7 +345,7 @@ class MemoryWorkflowStore:
         self._audit = [a for a in self._audit if a.run_id != run.run_id]
 
     async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
-        check_purge(before, limit)
+        before, limit = check_purge(before, limit)
         finished = sorted((r for r in self._runs.values() if r.status.finished and r.updated_at < before),
                           key=lambda r: r.run_id)[:limit]
         for run in finished:
@@ -371,7 +371,7 @@ class MemoryWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
-        check_listing(name=name, after=after, limit=limit)
+        limit = check_listing(name=name, after=after, limit=limit, version=version) or 0
         runs = [r.info() for r in self._matching(status, name, version) if after is None or r.run_id < after]
         runs.sort(key=lambda r: r.run_id, reverse=True)
         return runs[:limit]
@@ -380,7 +380,7 @@ class MemoryWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        check_listing(name=name)
+        check_listing(name=name, version=version, concurrency_key=concurrency_key)
         now = self._clock()
         return sum(1 for r in self._matching(status, name, version)
                    if (concurrency_key is None or r.concurrency_key == concurrency_key)
@@ -462,6 +462,7 @@ class MemoryWorkflowStore:
         return info
 
     async def delete_schedule(self, name: str) -> None:
+        check_schedule_name(name)
         if self._schedules.pop(name, None) is None:
             raise ScheduleNotFoundError(name)
 
@@ -469,6 +470,7 @@ class MemoryWorkflowStore:
         return [self._schedules[name] for name in sorted(self._schedules)]
 
     async def pause_schedule(self, name: str, *, paused: bool = True) -> ScheduleInfo:
+        check_schedule_name(name)
         found = self._schedules.get(name)
         if found is None:
             raise ScheduleNotFoundError(name)

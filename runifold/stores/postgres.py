@@ -68,7 +68,7 @@ from runifold.stores._protocol import (
     ref_column,
     transition_columns,
 )
-from runifold.stores._schedule import Schedule, ScheduleInfo
+from runifold.stores._schedule import Schedule, ScheduleInfo, check_schedule_name
 from runifold.stores._sql import by_ref, migrations, newer_schema, queries
 
 T = TypeVar("T")
@@ -429,7 +429,7 @@ class PostgresWorkflowStore:
             raise refused
 
     async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
-        check_purge(before, limit)
+        before, limit = check_purge(before, limit)
         return int(await self._call(lambda conn: conn.fetchval(Q["purge_finished"], before, limit)))
 
     async def get_run(self, run_ref: str) -> RunInfo:
@@ -447,7 +447,7 @@ class PostgresWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
-        check_listing(name=name, after=after, limit=limit)
+        limit = check_listing(name=name, after=after, limit=limit, version=version) or 0
         rows = await self._call(lambda conn: conn.fetch(
             Q["list_runs"], None if status is None else str(status), name, version, after, limit))
         return [_run_info(r) for r in rows]
@@ -456,7 +456,7 @@ class PostgresWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        check_listing(name=name)
+        check_listing(name=name, version=version, concurrency_key=concurrency_key)
         return int(await self._call(lambda conn: conn.fetchval(
             Q["count_runs"], None if status is None else str(status), name, version, concurrency_key, holding_slot)))
 
@@ -503,6 +503,7 @@ class PostgresWorkflowStore:
         return _schedule_info(row)
 
     async def delete_schedule(self, name: str) -> None:
+        check_schedule_name(name)
         if await self._call(lambda conn: conn.fetchval(Q["delete_schedule"], name)) is None:
             raise ScheduleNotFoundError(name)
 
@@ -510,6 +511,7 @@ class PostgresWorkflowStore:
         return [_schedule_info(row) for row in await self._call(lambda conn: conn.fetch(Q["schedules"]))]
 
     async def pause_schedule(self, name: str, *, paused: bool = True) -> ScheduleInfo:
+        check_schedule_name(name)
         row = await self._call(lambda conn: conn.fetchrow(Q["pause_schedule"], name, paused))
         if row is None:
             raise ScheduleNotFoundError(name)

@@ -68,7 +68,7 @@ from runifold.stores._protocol import (
     ref_column,
     transition_columns,
 )
-from runifold.stores._schedule import Schedule, ScheduleInfo
+from runifold.stores._schedule import Schedule, ScheduleInfo, check_schedule_name
 from runifold.stores._sql import by_ref, migrations, newer_schema, numbered, queries
 from runifold.stores._thread import ConnectionThread, Outcome
 
@@ -552,7 +552,7 @@ class SqliteWorkflowStore:
         await self._write(op)
 
     async def purge_finished(self, before: float, *, limit: int = 1000) -> int:
-        check_purge(before, limit)
+        before, limit = check_purge(before, limit)
         def op(conn: sqlite3.Connection) -> int:
             doomed = [r[0] for r in conn.execute(Q["finished_before"], (before, limit))]
             for run_id in doomed:
@@ -573,7 +573,7 @@ class SqliteWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
-        check_listing(name=name, after=after, limit=limit)
+        limit = check_listing(name=name, after=after, limit=limit, version=version) or 0
         params = (None if status is None else str(status), name, version, after, limit)
         rows = await self._read(lambda c: c.execute(Q["list_runs"], numbered(params)).fetchall())
         return [_run_info(r) for r in rows]
@@ -582,7 +582,7 @@ class SqliteWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        check_listing(name=name)
+        check_listing(name=name, version=version, concurrency_key=concurrency_key)
         params = (None if status is None else str(status), name, version, concurrency_key,
                   self._clock() if holding_slot else None)
         return int((await self._read(lambda c: c.execute(Q["count_runs"], numbered(params)).fetchone()))[0])
@@ -669,12 +669,14 @@ class SqliteWorkflowStore:
         return await self._write(lambda conn: schedules.add(conn, schedule, self._clock()))
 
     async def delete_schedule(self, name: str) -> None:
+        check_schedule_name(name)
         await self._write(lambda conn: schedules.delete(conn, name))
 
     async def list_schedules(self) -> list[ScheduleInfo]:
         return await self._read(schedules.listing)
 
     async def pause_schedule(self, name: str, *, paused: bool = True) -> ScheduleInfo:
+        check_schedule_name(name)
         return await self._write(lambda conn: schedules.pause(conn, name, paused, self._clock()))
 
     async def advance_schedules(self, ticks: Mapping[str, float]) -> None:

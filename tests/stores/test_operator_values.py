@@ -3,6 +3,7 @@ effect's type, model payloads, and the reasons a run row shows after an operator
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -138,7 +139,7 @@ async def test_operator_arguments_no_store_could_answer_alike_are_refused_on_eve
     refused at the call, the same on every store, with nothing deleted (a NaN cutoff deleted every finished run
     on PostgreSQL and none elsewhere; limit=-1 deleted every one on SQLite; a NUL reference was "not found" on
     SQLite and a StoreError on PostgreSQL: helper-33)."""
-    from runifold import InvalidInputError, SerializationError
+    from runifold import InvalidInputError, ScheduleNotFoundError, SerializationError
 
     for i in range(3):
         await store.enqueue(WorkflowTask("w", 1, {}, checkpoint_id=f"c{i}"))
@@ -155,5 +156,19 @@ async def test_operator_arguments_no_store_could_answer_alike_are_refused_on_eve
             await call()
     with pytest.raises(InvalidInputError, match="limit must be"):
         await store.list_runs(limit=-1)
+    for call in (lambda: store.list_runs(version=2**31), lambda: store.count_runs(version=0),
+                 lambda: store.purge_finished(10**400)):
+        with pytest.raises(InvalidInputError):  # PostgreSQL's integer, SQLite's, a float: StoreError, OverflowError
+            await call()
+    with pytest.raises(SerializationError, match="holds a NUL character"):
+        await store.count_runs(concurrency_key="k\x00")
+    for name in ("a\x00", "\ud800", "no such"):  # StoreError on PostgreSQL, UnicodeEncodeError on SQLite (helper-34)
+        with pytest.raises(ScheduleNotFoundError):
+            await store.pause_schedule(name)
+        with pytest.raises(ScheduleNotFoundError):
+            await store.delete_schedule(name)
+    # a limit above any store's integer is all of them, as it is (PostgreSQL raised StoreError: helper-34)
+    assert len(await store.list_runs(limit=sys.maxsize)) == 3
     assert await store.purge_finished(await store.now() + 10, limit=2) == 2
-    assert await store.count_runs() == 1
+    assert await store.purge_finished(2**63, limit=sys.maxsize) == 1
+    assert await store.count_runs() == 0
