@@ -20,6 +20,7 @@ from runifold.history import encode_value
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
 from runifold.stores._open import says_readonly, sqlite_path
+from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
 
 DEFAULT_STORE = "sqlite:///runifold-workflows.db"
@@ -30,7 +31,7 @@ MAX_SECONDS = 1e9
 MAX_VERSION = 2**31 - 1
 
 __all__ = ["DEFAULT_STORE", "UsageError", "clip", "compact", "drop_output", "emit_json", "operator", "parse_json", "positive_int",
-           "printable", "registry_of", "seconds", "store_of", "table", "text", "when"]
+           "printable", "refuse_readonly", "registry_of", "seconds", "store_of", "table", "text", "when", "checkpoint_id"]
 
 
 class UsageError(Exception):
@@ -52,9 +53,8 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
         path = sqlite_path(args.store)
     except ConfigurationError as exc:
         raise UsageError(f"--store: {exc}") from None
-    if not readonly and says_readonly(args.store):  # a worker would start, then fail every claim until stopped
-        raise UsageError(f"--store: ?mode=ro opens the store read-only, and `runifold {args.command}` writes to it; "
-                         "drop ?mode=ro")
+    if not readonly:
+        refuse_readonly(args)
     if path is not None and not create and not os.path.exists(path):
         action = "reads" if readonly else "changes"
         raise UsageError(f"no SQLite store at {path}: `runifold {args.command}` {action} an existing store and never "
@@ -183,6 +183,23 @@ def seconds(value: str) -> float:
     if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{value!r} must be a positive, finite number of seconds up to {MAX_SECONDS:g}")
     return number
+
+
+def refuse_readonly(args: argparse.Namespace) -> None:
+    """Refuse a ``--store`` URL that opens the store read-only for a command that writes (a worker would start, then
+    fail every claim until stopped)."""
+    if says_readonly(args.store):
+        raise UsageError(f"--store: ?mode=ro opens the store read-only, and `runifold {args.command}` writes to it; "
+                         "drop ?mode=ro")
+
+
+def checkpoint_id(value: str) -> str:
+    """An argparse type: a checkpoint id (not empty, and not in the run-id form)."""
+    value = text(value)
+    if ref_column(value) == "run_id":
+        raise argparse.ArgumentTypeError(f"{value!r} starts with 'run_', which is reserved for run ids; choose a "
+                                         "checkpoint id without that prefix")
+    return value
 
 
 def text(value: str) -> str:

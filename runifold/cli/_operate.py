@@ -16,6 +16,7 @@ import msgspec
 from runifold._log import get_logger
 from runifold.cli._common import (
     UsageError,
+    checkpoint_id,
     drop_output,
     emit_json,
     operator,
@@ -54,7 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     enqueue.add_argument("name")
     enqueue.add_argument("version", type=version)
     enqueue.add_argument("--input", default="{}", help="JSON object of workflow arguments")
-    enqueue.add_argument("--checkpoint-id", type=text, help="durable identity of the run")
+    enqueue.add_argument("--checkpoint-id", type=checkpoint_id, help="durable identity of the run")
     enqueue.add_argument("--concurrency-key", help="at most --concurrency-limit runs of this key run at once "
                                                    "(default: the definition's ConcurrencyLimit, if any)")
     enqueue.add_argument("--concurrency-limit", type=positive_int(MAX_CONCURRENCY), help="with --concurrency-key")

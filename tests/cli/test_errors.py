@@ -116,7 +116,7 @@ def test_commands_that_write_refuse_a_read_only_store_url(cli: Cli) -> None:
     enqueued(cli)
     url = f"sqlite:///{cli.tmp / 'cli.db'}?mode=ro"
     for args in (["worker", "--idle-wait", "0.1"], ["enqueue", "steps", "1", "--input", '{"n": 1}'],
-                 ["cancel", "c1", "--reason", "r"], ["migrate"]):
+                 ["cancel", "c1", "--reason", "r"], ["migrate"], ["drill"]):
         one_line_error(cli(*args, "--store", url), 2, "?mode=ro opens the store read-only", f"`runifold {args[0]}` "
                        "writes to it; drop ?mode=ro")
     listed = cli("runs", "list", "--store", url)
@@ -130,7 +130,7 @@ def test_empty_or_reserved_flag_values_are_usage_errors(cli: Cli) -> None:
     one_line_error(cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", ""), 2,
                    "argument --checkpoint-id: must not be empty")
     one_line_error(cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "run_abc"), 2,
-                   "starts with 'run_', which is reserved for run ids")
+                   "argument --checkpoint-id: 'run_abc' starts with 'run_', which is reserved for run ids")
     for command in (["cancel", "c1"], ["retry", "c1"], ["resolve", "c1", "pay#1", "--fail"],
                     ["signal", "c1", "approval", "--signal-id", "s1", "--as", "alice"]):
         one_line_error(cli(*command, "--reason", " "), 2, "argument --reason: must not be empty")
