@@ -150,3 +150,21 @@ async def test_the_environment_refuses_what_production_refuses() -> None:
         await env.run_until_suspended(run)
         with pytest.raises(SignalRejectedError, match=r"signal_id must be a non-empty string"):
             await env.signal(run, "approval", {"approved": True}, sender="alice", signal_id="")
+
+
+def test_a_fake_clock_reads_seconds_however_it_was_started() -> None:
+    """FakeClock(datetime) returned that datetime when called, and a store then kept a schedule's last tick as a
+    datetime (helper-34); an aware datetime now starts it at its instant, a naive one or a NaN is refused."""
+    import datetime as dt
+
+    from runifold import ConfigurationError
+    from runifold.testing import FakeClock
+
+    start = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    clock = FakeClock(start)
+    assert clock() == start.timestamp() and isinstance(clock(), float)
+    clock.advance(dt.timedelta(seconds=90))
+    assert clock() == start.timestamp() + 90
+    for bad in (dt.datetime(2030, 1, 1), float("nan"), "2030-01-01"):
+        with pytest.raises(ConfigurationError, match=r"FakeClock\(start=\) takes seconds since the epoch"):
+            FakeClock(bad)  # type: ignore[arg-type]
