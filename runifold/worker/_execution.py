@@ -772,7 +772,8 @@ class Execution(LiveProgress, Replaying):
         replayer = self.replayer
         self.replayer = Replayer([Entry(0, replayer.started_at, replayer.started)])
         for held in (self._calls, self._open, self._inbox, self._buffer, self._outbox, self._consumed,
-                     self._resolutions, self._finished, self._starts, self._bodies, self._recorded_result):
+                     self._resolutions, self._finished, self._starts, self._bodies, self._recorded_result,
+                     self._failed_at):
             held.clear()
 
 
