@@ -530,18 +530,31 @@ def ref_column(run_ref: str) -> Literal["run_id", "checkpoint_id"]:
 MAX_INT = 2**31 - 1
 
 
-def check_listing(*, name: str | None = None, after: str | None = None, limit: int | None = None,
-                  version: int | None = None, concurrency_key: str | None = None) -> int | None:
+#: ``count_runs`` takes no limit
+_NO_LIMIT: Any = object()
+
+
+def check_listing(*, status: RunStatus | None = None, name: str | None = None, after: str | None = None,
+                  limit: int = _NO_LIMIT, version: int | None = None, concurrency_key: str | None = None,
+                  holding_slot: bool = False) -> int:
     """Refuse filters of ``list_runs`` and ``count_runs`` that no store could answer the same way; return the
-    limit a store is given (one above :data:`MAX_INT` is all runs, as it is)."""
+    limit a store is given (``list_runs``'s: one above :data:`MAX_INT` is all runs, as it is; 0 when none)."""
+    if status is not None:
+        try:
+            RunStatus(status)
+        except ValueError:
+            raise InvalidInputError(f"status must be one of {', '.join(s.value for s in RunStatus)}, "
+                                    f"got {status!r}") from None
     for value, what in ((name, "the workflow name"), (after, "the run id to list after"),
                         (concurrency_key, "the concurrency key")):
         if value is not None:
             check_text(value, what=what)
     if version is not None and (not _whole(version) or not 1 <= version <= MAX_INT):
         raise InvalidInputError(f"version must be a whole number from 1 to {MAX_INT:,}, got {version!r}")
-    if limit is None:
-        return None
+    if not isinstance(holding_slot, bool):
+        raise InvalidInputError(f"holding_slot must be True or False, got {holding_slot!r}")
+    if limit is _NO_LIMIT:
+        return 0
     if not _whole(limit) or limit < 0:
         raise InvalidInputError(f"limit must be a whole number from 0, got {limit!r}")
     return min(limit, MAX_INT)

@@ -371,7 +371,7 @@ class MemoryWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
-        limit = check_listing(name=name, after=after, limit=limit, version=version) or 0
+        limit = check_listing(status=status, name=name, after=after, limit=limit, version=version)
         runs = [r.info() for r in self._matching(status, name, version) if after is None or r.run_id < after]
         runs.sort(key=lambda r: r.run_id, reverse=True)
         return runs[:limit]
@@ -380,7 +380,8 @@ class MemoryWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        check_listing(name=name, version=version, concurrency_key=concurrency_key)
+        check_listing(status=status, name=name, version=version, concurrency_key=concurrency_key,
+                      holding_slot=holding_slot)
         now = self._clock()
         return sum(1 for r in self._matching(status, name, version)
                    if (concurrency_key is None or r.concurrency_key == concurrency_key)

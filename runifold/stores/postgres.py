@@ -447,7 +447,7 @@ class PostgresWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
-        limit = check_listing(name=name, after=after, limit=limit, version=version) or 0
+        limit = check_listing(status=status, name=name, after=after, limit=limit, version=version)
         rows = await self._call(lambda conn: conn.fetch(
             Q["list_runs"], None if status is None else str(status), name, version, after, limit))
         return [_run_info(r) for r in rows]
@@ -456,7 +456,8 @@ class PostgresWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        check_listing(name=name, version=version, concurrency_key=concurrency_key)
+        check_listing(status=status, name=name, version=version, concurrency_key=concurrency_key,
+                      holding_slot=holding_slot)
         return int(await self._call(lambda conn: conn.fetchval(
             Q["count_runs"], None if status is None else str(status), name, version, concurrency_key, holding_slot)))
 

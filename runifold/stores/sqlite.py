@@ -573,7 +573,7 @@ class SqliteWorkflowStore:
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
-        limit = check_listing(name=name, after=after, limit=limit, version=version) or 0
+        limit = check_listing(status=status, name=name, after=after, limit=limit, version=version)
         params = (None if status is None else str(status), name, version, after, limit)
         rows = await self._read(lambda c: c.execute(Q["list_runs"], numbered(params)).fetchall())
         return [_run_info(r) for r in rows]
@@ -582,7 +582,8 @@ class SqliteWorkflowStore:
         self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
         concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        check_listing(name=name, version=version, concurrency_key=concurrency_key)
+        check_listing(status=status, name=name, version=version, concurrency_key=concurrency_key,
+                      holding_slot=holding_slot)
         params = (None if status is None else str(status), name, version, concurrency_key,
                   self._clock() if holding_slot else None)
         return int((await self._read(lambda c: c.execute(Q["count_runs"], numbered(params)).fetchone()))[0])

@@ -157,8 +157,12 @@ async def test_operator_arguments_no_store_could_answer_alike_are_refused_on_eve
     with pytest.raises(InvalidInputError, match="limit must be"):
         await store.list_runs(limit=-1)
     for call in (lambda: store.list_runs(version=2**31), lambda: store.count_runs(version=0),
-                 lambda: store.purge_finished(10**400)):
-        with pytest.raises(InvalidInputError):  # PostgreSQL's integer, SQLite's, a float: StoreError, OverflowError
+                 lambda: store.purge_finished(10**400), lambda: store.list_runs(status="bogus"),
+                 lambda: store.count_runs(status="bogus"), lambda: store.list_runs(limit=None),
+                 lambda: store.count_runs(holding_slot="x"), lambda: store.count_runs(holding_slot=None)):
+        # PostgreSQL's integer, SQLite's, a float: StoreError, OverflowError; an unknown status, no limit or a
+        # holding_slot of None: no runs, or another count on PostgreSQL (helper-35)
+        with pytest.raises(InvalidInputError):
             await call()
     with pytest.raises(SerializationError, match="holds a NUL character"):
         await store.count_runs(concurrency_key="k\x00")
