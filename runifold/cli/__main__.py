@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = Parser(prog="runifold", description="Durable async workflows: operate runs and workers.")
     parser.add_argument("--version", action="version", version=f"runifold {_version()}")
     add_shared_options(parser, top=True)
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # not required here: an unknown flag with no command is named first (see main), not "COMMAND is required"
+    sub = parser.add_subparsers(dest="command", required=False, metavar="COMMAND")
     _operate.register(sub)
     _runs.register(sub)
     _recover.register(sub)
@@ -177,8 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem:
         print(f"runifold: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    parser = build_parser()
     try:
-        args = build_parser().parse_args(arguments)
+        args = parser.parse_args(arguments)
+        if args.command is None:
+            parser.error("the following arguments are required: COMMAND")
     except SystemExit as exc:  # --help and --version (0), or a usage error argparse already printed (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except BrokenPipeError:

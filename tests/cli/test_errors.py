@@ -138,6 +138,12 @@ def test_empty_or_reserved_flag_values_are_usage_errors(cli: Cli) -> None:
     assert json.loads(cli("runs", "show", "c1", "--json").stdout)["run"]["status"] == "ready"
 
 
+def test_an_unknown_flag_without_a_command_is_named(cli: Cli) -> None:
+    """`runifold --bogus` said only that COMMAND is required, never naming --bogus (helper-32)."""
+    one_line_error(cli("--bogus"), 2, "unrecognized arguments: --bogus")
+    one_line_error(cli(), 2, "the following arguments are required: COMMAND")
+
+
 def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:
     """`--store memory:` lives and dies with one command: `enqueue` printed "enqueued run_..." for a run already
     gone (helper-23)."""
