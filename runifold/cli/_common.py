@@ -30,8 +30,9 @@ MAX_SECONDS = 1e9
 #: the largest workflow version a flag takes (a PostgreSQL integer)
 MAX_VERSION = 2**31 - 1
 
-__all__ = ["DEFAULT_STORE", "UsageError", "clip", "compact", "drop_output", "emit_json", "operator", "parse_json", "positive_int",
-           "printable", "refuse_readonly", "registry_of", "seconds", "store_of", "table", "text", "when", "checkpoint_id"]
+__all__ = ["DEFAULT_STORE", "UsageError", "checkpoint_id", "clip", "compact", "drop_output", "emit_json", "operator",
+           "parse_json", "positive_int", "printable", "refuse_readonly", "registry_of", "seconds", "store_of", "table",
+           "text", "when"]
 
 
 class UsageError(Exception):

@@ -133,7 +133,7 @@ class Schedule:
             last = math.floor(now) // step * step
             return [float(t) for t in range(last, math.floor(after), -step)[:limit] if t > after]
         assert self.cron is not None
-        zone = self.zone()
+        zone, fixed = self.zone(), self._fixed()
         # walls outside [wall(after), wall(now)] show in between only if the clock went back in between
         shift = _shift(zone, after, now) if now - after < _DAY else _SHIFT
         found: set[float] = set()
@@ -142,7 +142,7 @@ class Schedule:
         for wall in _cron(self.cron, _wall(math.floor(now) + 1, zone) + shift, reverse=True, name=self.name):
             if wall < stop:
                 break
-            found.update(t for t in _instants(wall, zone, self._fixed()) if after < t <= now)
+            found.update(t for t in _instants(wall, zone, fixed) if after < t <= now)
             if len(found) >= limit and not capped:
                 # no wall time older than this has a tick among the latest ``limit``
                 stop, capped = max(stop, _wall(sorted(found)[-limit], zone) - shift), True
@@ -154,7 +154,7 @@ class Schedule:
             step = int(self.every.total_seconds())
             return float((math.floor(after) // step + 1) * step)
         assert self.cron is not None
-        zone = self.zone()
+        zone, fixed = self.zone(), self._fixed()
         first: float | None = None
         # a clock going back soon after ``after`` shows earlier walls again; one going back before the first tick
         # found shows later walls first
@@ -162,7 +162,7 @@ class Schedule:
         for wall in _cron(self.cron, start, reverse=False, name=self.name):
             if first is not None and wall > _wall(first, zone) + _shift(zone, first - _SHIFT.total_seconds(), first):
                 break
-            for t in _instants(wall, zone, self._fixed()):
+            for t in _instants(wall, zone, fixed):
                 if t > after and (first is None or t < first):
                     first = t
         return first
