@@ -150,6 +150,7 @@ class Replayer:
         self._events: dict[str, list[AnyEvent]] = {}
         self._kind: dict[str, CallKind] = {}
         self._last_seq: dict[str, int] = {}
+        self._last_at: dict[str, float] = {}
         self._first_seq: dict[str, int] = {}
         self._recorded_order: list[str] = []
         # invariant: every key of _recorded_order before _cursor has been visited
@@ -162,6 +163,7 @@ class Replayer:
             if isinstance(event, RunRetried) and key in self._events:
                 self._events[key].append(event)  # reopens the failed call it names
                 self._last_seq[key] = entry.seq
+                self._last_at[key] = entry.at
                 continue
             kind = kind_of(event)
             if kind is None or not key:
@@ -174,6 +176,7 @@ class Replayer:
                 self._scope_queue.setdefault(scope_of(key), deque()).append(key)
             self._events[key].append(event)
             self._last_seq[key] = entry.seq
+            self._last_at[key] = entry.at
         self._unvisited = len(self._recorded_order)  # recorded keys the code has not called yet
         #: keys whose outcome history records, in the order those outcomes were recorded: a
         #: replay hands them to workflow code in exactly this order, as the live run did
@@ -187,6 +190,10 @@ class Replayer:
     def events(self, key: str) -> list[AnyEvent]:
         """Return the events recorded for ``key`` (empty when it is new)."""
         return list(self._events.get(key, ()))
+
+    def committed_at(self, key: str) -> float:
+        """When the last event recorded for ``key`` was committed (store clock)."""
+        return self._last_at[key]
 
     def kind(self, key: str) -> CallKind | None:
         """Return the kind of call history recorded under ``key``, if any."""

@@ -159,11 +159,11 @@ class Execution(LiveProgress, Replaying):
         self._open: list[Call] = []  # calls that progress live, in registration order
         self._replaying = True
         self._cursor = 0  # into replayer.resolutions
-        self._resolutions: deque[tuple[Call, Any, BaseException | None]] = deque()
+        self._resolutions: deque[tuple[Call, Any, BaseException | None, float]] = deque()
         self._buffer: list[AnyEvent] = []  # recorded with the next commit
         self._consumed: list[str] = []  # signal ids, consumed with the next commit
         # events that must be durable before their action runs: (events, action after the commit)
-        self._outbox: list[tuple[list[AnyEvent], Callable[[], None]]] = []
+        self._outbox: list[tuple[list[AnyEvent], Callable[[float], None]]] = []
         self._bodies: set[asyncio.Task[Any]] = set()
         self._starts = []
         self._finished = []
@@ -460,6 +460,7 @@ class Execution(LiveProgress, Replaying):
         ctx = contextvars.copy_context()
         # log lines of workflow code carry the run id (structlog's contextvars)
         ctx.run(structlog.contextvars.bind_contextvars, run_id=self.run_id)
+        self._loop.advance(self.replayer.started_at)
         self._root = self._loop.start(self._workflow(kwargs), Binding(self, Scope()), ctx)
         return True
 
@@ -530,9 +531,10 @@ class Execution(LiveProgress, Replaying):
     # -- handing outcomes to workflow code ----------------------------------------------------
 
     def _deliver_next(self) -> None:
-        call, value, error = self._resolutions.popleft()
+        call, value, error, at = self._resolutions.popleft()
         if call.future.done():
             return
+        self._loop.advance(at)
         if error is not None:
             if isinstance(error, (StepFailedError, EffectFailedError)):
                 self._failed_at[call.key] = self._made
@@ -579,7 +581,7 @@ class Execution(LiveProgress, Replaying):
         del self._outbox[: len(outbox)]
         del self._consumed[: len(consumed)]
         for _, action in outbox:
-            action()
+            action(result.at)
 
     def _abort(self, exc: StoreError) -> None:
         """Stop this execution for a store error met outside a commit; nothing more is written."""

@@ -92,6 +92,11 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._timers: dict[asyncio.TimerHandle, Callable[[], None]] = {}
         self._closed = False
         self._stepping = False
+        #: workflow code's clock (``loop.time()``): the time, as history records it, of the last thing workflow
+        #: code was handed (the run's start, a commit, a timer's due time, a signal's arrival, a wait's
+        #: deadline). It stands still while workflow code runs, so a deadline computed from it passes at the same
+        #: point of every replay
+        self._clock = 0.0
         #: the last run_ready stopped at its limit with workflow code still runnable (a busy loop)
         self.busy = False
         #: every task created on this loop that has not finished (strong references)
@@ -122,7 +127,14 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
             while ready and limit:
                 handle = ready.popleft()
                 if not handle._cancelled:
-                    handle._run()
+                    try:
+                        handle._run()
+                    except (SystemExit, KeyboardInterrupt) as exc:
+                        # raised by workflow code (sys.exit in a library, say): asyncio lets these out of a task,
+                        # which would end the worker. The task that raised it holds it as its exception, so it
+                        # fails the run like any other once it reaches the workflow function; one raised by a
+                        # plain callback is reported like any exception of a callback
+                        self.call_exception_handler({"message": "workflow code raised", "exception": exc})
                 limit -= 1
         finally:
             self._stepping = False
@@ -218,7 +230,12 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
             "(a plain `def` step runs in a thread of its own)")
 
     def time(self) -> float:
-        return self._outer.time()
+        return self._clock
+
+    def advance(self, at: float) -> None:
+        """Move the clock forward to ``at`` (store clock), never back: see :attr:`_clock`."""
+        if at > self._clock:
+            self._clock = at
 
     def create_future(self) -> asyncio.Future[Any]:
         return asyncio.Future(loop=self)

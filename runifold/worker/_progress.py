@@ -100,8 +100,8 @@ class LiveProgress:
     _inbox: list[InboxSignal]
     _buffer: list[AnyEvent]
     _consumed: list[str]
-    _outbox: list[tuple[list[AnyEvent], Callable[[], None]]]
-    _resolutions: deque[tuple[Call, Any, BaseException | None]]
+    _outbox: list[tuple[list[AnyEvent], Callable[[float], None]]]  # events, and what follows their commit (at: its time)
+    _resolutions: deque[tuple[Call, Any, BaseException | None, float]]
     _bodies: set[asyncio.Task[Any]]
     _starts: list[_Start]
     _finished: list[tuple[Call, Any, BaseException | None, str]]  # call, value, exception, "body" or "reconcile"
@@ -135,9 +135,13 @@ class LiveProgress:
         except SerializationError as exc:
             return None, exc
 
-    def _resolve(self, call: Call, value: Any = None, error: BaseException | None = None) -> None:
-        """Queue an outcome; the driver hands them over one at a time, in the order queued."""
-        self._resolutions.append((call, value, error))
+    def _resolve(self, call: Call, at: float, value: Any = None, error: BaseException | None = None) -> None:
+        """Queue an outcome; the driver hands them over one at a time, in the order queued.
+
+        ``at``: when it happened on the store's clock, as history records it (a commit's time, a timer's due time,
+        a signal's arrival, a wait's deadline): workflow code's clock (``loop.time()``) moves to it when the
+        outcome is handed over, live and replayed alike."""
+        self._resolutions.append((call, value, error, at))
 
     def _abandon(self, call: Call) -> None:
         """Workflow code stopped waiting for a call (it cancelled it) before its outcome was known.
@@ -231,7 +235,7 @@ class LiveProgress:
         if self._inbox_due is not None and self._inbox_due <= now:
             return  # no wait ends before the inbox is read: a signal that came may have ended one first
         if first is not None:
-            self._end_wait(first[2], first[3], now)
+            self._end_wait(first[2], first[3], now, first[0])
             return
         out_of_time = None if settling else self._out_of_time(now, at=True)
         if out_of_time is not None and not self._parked():
@@ -313,15 +317,15 @@ class LiveProgress:
         self._inbox_read = read_at
         self._inbox_due = None
 
-    def _end_wait(self, call: Call, signal: InboxSignal | None, now: float) -> None:
-        """A timer fires, or a signal wait takes ``signal`` or times out."""
+    def _end_wait(self, call: Call, signal: InboxSignal | None, now: float, at: float) -> None:
+        """A timer fires, or a signal wait takes ``signal`` or times out (``at``: when it ended, see _wait_end)."""
         self._open.remove(call)
         if call.kind is CallKind.TIMER:
             self._buffer.append(TimerFired(key=call.key, fired_at=now))
-            self._resolve(call)
+            self._resolve(call, at)
         elif signal is None:
             self._buffer.append(SignalTimedOut(key=call.key, name=call.name))
-            self._resolve(call, error=WaitTimeoutError(call.key, call.name))
+            self._resolve(call, at, error=WaitTimeoutError(call.key, call.name))
         else:
             self._inbox.remove(signal)
             self._consumed.append(signal.signal_id)
@@ -331,7 +335,7 @@ class LiveProgress:
             ))
             self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
             value, error = self._payload(call, signal.payload)
-            self._resolve(call, value, error)
+            self._resolve(call, at, value, error)
 
     def _allowed(self, call: Call, kind: CallKind, requires: str | None) -> bool:
         """Checks before a body runs: capability and budget. A refusal fails the run."""
@@ -389,7 +393,7 @@ class LiveProgress:
         # invariant: effect_started is durable before the body can touch the outside world
         self._outbox.append((
             [EffectStarted(key=call.key, idempotency_key=idem, attempt=call.attempt)],
-            lambda: self._spawn(call, spec.fn, (idem, *call.args), call.kwargs, timeout, "body"),
+            lambda at: self._spawn(call, spec.fn, (idem, *call.args), call.kwargs, timeout, "body"),
         ))
 
     def _idempotency_key(self, call: Call) -> str:
@@ -542,7 +546,7 @@ class LiveProgress:
         """The call's outcome is known: commit ``events``, then hand the outcome to workflow code."""
         if call in self._open:
             self._open.remove(call)
-        self._outbox.append((events, lambda: self._resolve(call, value, error)))
+        self._outbox.append((events, lambda at: self._resolve(call, at, value, error)))
 
     def _retry_at(self, retry: RetryPolicy, attempt: int, exc: BaseException | None = None) -> float | None:
         """When the next attempt may run by the call's policy, or None when the failure (``exc``) is final."""
@@ -734,7 +738,16 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
         return await fn(*args, **kwargs)
     # in this context, as asyncio.to_thread runs it (log lines carry the run id and the key)
     body = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    return await asyncio.get_running_loop().run_in_executor(_BODY_THREADS, body)
+    thread = asyncio.get_running_loop().run_in_executor(_BODY_THREADS, body)
+    try:
+        return await asyncio.shield(thread)
+    except asyncio.CancelledError:
+        # invariant: a thread cannot be interrupted, so a cancelled body (workflow code stopped waiting for it, its
+        # timeout passed) stays in flight until its thread returns, and its result is dropped: the run neither
+        # suspends nor finishes meanwhile. Cancelled again (the worker stops), it lets the thread go
+        if not thread.done():
+            await asyncio.wait([thread])
+        raise
 
 
 class _DaemonThreads(concurrent.futures.Executor):

@@ -36,6 +36,7 @@ from runifold.history import (
     Replayer,
     RetryDue,
     RunCompleted,
+    SignalReceived,
     SignalWaitStarted,
     StepFailed,
     TimerDone,
@@ -68,7 +69,7 @@ class Replaying:
     _calls: dict[str, Call]
     _open: list[Call]
     _buffer: list[AnyEvent]
-    _resolutions: deque[tuple[Call, Any, BaseException | None]]
+    _resolutions: deque[tuple[Call, Any, BaseException | None, float]]
     _replaying: bool
     _cursor: int
     _divergence: NondeterminismError | None
@@ -186,46 +187,51 @@ class Replaying:
             self._check_recoveries()
         return True
 
-    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None] | None:
-        """What history says the call returned or raised; None for a call the live run's code cancelled."""
+    def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None, float] | None:
+        """What history says the call returned or raised, and when that happened (see :meth:`_resolve`); None
+        for a call the live run's code cancelled."""
         key = call.key
         events = self.replayer.events(key)
         steps = self.report.steps
         match call.kind:
             case CallKind.STEP | CallKind.EFFECT:
                 state = step_state(events) if call.kind is CallKind.STEP else effect_state(events)
+                at = self.replayer.committed_at(key)
                 if isinstance(state, Done):
                     steps.append((key, "replayed"))
-                    return self._converted(call, state.output), None
+                    return self._converted(call, state.output), None, at
                 if isinstance(state, Cancelled):
                     return None
                 assert isinstance(state, Failed)
                 steps.append((key, "failed"))
                 if call.kind is CallKind.STEP:
                     failed = [e for e in events if isinstance(e, StepFailed)]
-                    return None, StepFailedError(key, state.error, state.attempts, failed[-1].error_type if failed else "")
+                    error_type = failed[-1].error_type if failed else ""
+                    return None, StepFailedError(key, state.error, state.attempts, error_type), at
                 ended = [e for e in events if isinstance(e, (EffectFailed, EffectResolved))]
                 error_type = ended[-1].error_type if ended and isinstance(ended[-1], EffectFailed) else ""
-                return None, EffectFailedError(key, state.error, error_type)
+                return None, EffectFailedError(key, state.error, error_type), at
             case CallKind.TIMER:
                 if isinstance(timer_state(events), Cancelled):
                     return None
                 steps.append((key, "timer fired"))
-                return None, None
+                return None, None, next(e.fire_at for e in events if isinstance(e, TimerStarted))
             case CallKind.CHILD:
                 started = events[0]
                 assert isinstance(started, ChildStarted)
                 steps.append((key, f"child {started.run_id} started"))
-                return (started.run_id, started.checkpoint_id), None
+                return (started.run_id, started.checkpoint_id), None, self.replayer.committed_at(key)
             case CallKind.SIGNAL:
                 wait = wait_state(events)
                 if isinstance(wait, Cancelled):
                     return None
                 if isinstance(wait, WaitReceived):
                     steps.append((key, "signal received"))
-                    return self._payload(call, wait.payload)
+                    received = next(e for e in events if isinstance(e, SignalReceived))
+                    return *self._payload(call, wait.payload), received.received_at
                 steps.append((key, "wait timed out"))
-                return None, WaitTimeoutError(key, call.name)
+                started_wait = next(e for e in events if isinstance(e, SignalWaitStarted))
+                return None, WaitTimeoutError(key, call.name), started_wait.deadline or 0.0
             case _:
                 raise AssertionError(f"{call.kind} calls are not resolved by replay")
 

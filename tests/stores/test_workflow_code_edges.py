@@ -1,0 +1,174 @@
+"""Workflow code at the edges of asyncio, on every store (found by helper-37): the loop's clock, SystemExit and
+KeyboardInterrupt raised by workflow code, and a plain ``def`` step's thread that outlives its cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from runifold import (
+    Completed,
+    Failed,
+    Suspended,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    step,
+    workflow,
+)
+from runifold.worker import replay_run
+from tests.corpus.check import replay_problems
+from tests.support import entries, until_completed, worker
+
+ran: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _reset() -> None:
+    ran.clear()
+
+
+@step()
+async def slow(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "slow"
+
+
+@step()
+async def quick(name: str) -> str:
+    ran.append(name)
+    return name
+
+
+# -- the loop's clock is the run's recorded time ----------------------------------------------------
+
+
+@workflow("deadline-idiom")
+async def deadline_idiom(ctx: WorkflowContext) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + 0.1
+    await slow(0.3)  # outlasts the deadline
+    try:
+        async with asyncio.timeout_at(deadline):
+            await quick("in time")
+        late = False
+    except TimeoutError:
+        late = True
+    await asyncio.sleep(0.05)
+    return {"late": late, "after_step": loop.time() - start, "ticks": [loop.time() - start for _ in range(3)]}
+
+
+async def test_a_deadline_taken_from_the_loops_clock_passes_at_the_same_point_on_replay(store: Any) -> None:
+    """``asyncio.timeout_at(loop.time() + d)`` across a step: the clock of workflow code is the time history
+    records for what it was last handed (a commit, a timer's due time), so the deadline passed live has passed
+    on replay too, and every reading of ``loop.time()`` replays to the same value (it read the worker's own
+    clock: the live run saw the deadline pass, the replay did not, set a timer and diverged)."""
+    await store.enqueue(WorkflowTask("deadline-idiom", 1, {}, checkpoint_id="d1"))
+    done = await until_completed(store, WorkflowDefinition(deadline_idiom))
+    assert isinstance(done, Completed), done
+    assert done.output["late"] is True and ran == []
+    assert done.output["after_step"] >= 0.3  # the step's commit came at least 0.3 s after the run started
+    assert len(set(done.output["ticks"])) == 1  # it stands still while workflow code runs
+    assert not await replay_problems(store, WorkflowRegistry(WorkflowDefinition(deadline_idiom)), "d1", done.output)
+
+
+@workflow("clock-readings")
+async def clock_readings(ctx: WorkflowContext) -> list[float]:
+    loop = asyncio.get_running_loop()
+    readings = [loop.time()]
+    await asyncio.gather(quick("a"), quick("b"))
+    readings.append(loop.time())
+    await ctx.sleep(timedelta(seconds=0.2))  # suspends: the next execution replays the readings so far
+    readings.append(loop.time())
+    await quick("c")
+    readings.append(loop.time())
+    return readings
+
+
+async def test_the_loops_clock_reads_the_same_live_and_replayed_across_a_suspension(store: Any) -> None:
+    """Readings of ``loop.time()`` before a suspension are replayed by the next execution to the same values,
+    and move forward with the run's recorded times (the run's start, commits, a timer's due time)."""
+    definition = WorkflowDefinition(clock_readings)
+    await store.enqueue(WorkflowTask("clock-readings", 1, {}, checkpoint_id="c1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await asyncio.sleep(0.25)
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed), done
+    history = await entries(store, "c1")
+    started, due = history[0].at, next(e.event.fire_at for e in history if e.event.key == "sleep#1")
+    assert [e.event.key for e in history if e.event.key.endswith("quick#1")] == ["1/quick#1", "2/quick#1", "quick#1"]
+    readings = done.output
+    assert readings[0] == started and readings == sorted(readings)
+    assert readings[2] == due  # the timer's due time, not when this worker got to it
+    assert readings[3] == next(e.at for e in history if e.event.key == "quick#1")  # its commit
+    assert not await replay_problems(store, WorkflowRegistry(definition), "c1", done.output)
+
+
+# -- SystemExit and KeyboardInterrupt from workflow code fail the run, never the worker ------------
+
+
+@workflow("exits")
+async def exits(ctx: WorkflowContext, which: str) -> str:
+    await quick("before")
+    if which == "exit":
+        raise SystemExit(2)  # a library calling sys.exit
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("which, name", [("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")])
+async def test_system_exit_raised_by_workflow_code_fails_the_run_not_the_worker(
+        store: Any, which: str, name: str) -> None:
+    """asyncio lets SystemExit and KeyboardInterrupt out of a task: raised by workflow code they ended the worker
+    (and every worker that claimed the run after it), and the debugger's caller. Now they fail the run like any
+    exception of workflow code, and the debugger reports that failure."""
+    definition = WorkflowDefinition(exits)
+    await store.enqueue(WorkflowTask("exits", 1, {"which": which}, checkpoint_id=f"x-{which}"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Failed) and f"workflow raised {name}" in done.reason, done
+    report = await replay_run(store, WorkflowRegistry(definition), f"x-{which}")
+    assert report.divergence is None and report.finished and name in (report.error or ""), report
+
+
+# -- a plain def step's thread keeps the run until it returns -------------------------------------------
+
+threads: dict[str, float] = {}
+
+
+@step()
+def blocking(seconds: float) -> str:
+    time.sleep(seconds)
+    threads[threading.current_thread().name] = time.monotonic()
+    return "late"
+
+
+@workflow("thread-cut-short")
+async def thread_cut_short(ctx: WorkflowContext) -> str:
+    try:
+        return await asyncio.wait_for(blocking(0.6), timeout=0.1)
+    except TimeoutError:
+        pass
+    await ctx.sleep(timedelta(seconds=1))
+    return "gave up"
+
+
+async def test_a_plain_def_step_cut_short_holds_the_run_until_its_thread_returns(store: Any) -> None:
+    """A thread cannot be interrupted: a plain ``def`` body that workflow code stopped waiting for is still in
+    flight until its thread returns, so the run suspends only after that (it suspended at once, and was even
+    completed by the next claim, while the thread ran on)."""
+    threads.clear()
+    definition = WorkflowDefinition(thread_cut_short)
+    await store.enqueue(WorkflowTask("thread-cut-short", 1, {}, checkpoint_id="t1"))
+    suspended = await worker(store, definition).run_once()
+    returned = time.monotonic()
+    assert isinstance(suspended, Suspended), suspended
+    assert len(threads) == 1 and next(iter(threads.values())) <= returned
+    done = await until_completed(store, definition)
+    assert isinstance(done, Completed) and done.output == "gave up", done
+    assert "call_cancelled" in [e.event.__struct_config__.tag for e in await entries(store, "t1")]
