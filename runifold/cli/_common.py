@@ -31,8 +31,8 @@ MAX_SECONDS = 1e9
 MAX_VERSION = 2**31 - 1
 
 __all__ = ["DEFAULT_STORE", "UsageError", "checkpoint_id", "clip", "compact", "drop_output", "emit_json", "operator",
-           "parse_json", "positive_int", "printable", "refuse_readonly", "registry_of", "seconds", "store_of", "table",
-           "text", "when"]
+           "parse_json", "positive_int", "printable", "refuse_memory", "refuse_readonly", "registry_of", "seconds",
+           "store_of", "table", "text", "when"]
 
 
 class UsageError(Exception):
@@ -47,9 +47,7 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
     exist, so a mistyped path is an error, not an empty store. Commands that
     only read (``readonly``) open a SQLite file read-only.
     """
-    if args.store == "memory:":  # it would live and die with this one command: `enqueue` would "succeed"
-        raise UsageError("--store memory: is a store inside one process, gone when this command ends; the command "
-                         "line needs a SQLite file (sqlite:///runifold-workflows.db) or PostgreSQL")
+    refuse_memory(args)
     try:
         path = sqlite_path(args.store)
     except ConfigurationError as exc:
@@ -184,6 +182,13 @@ def seconds(value: str) -> float:
     if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{value!r} must be a positive, finite number of seconds up to {MAX_SECONDS:g}")
     return number
+
+
+def refuse_memory(args: argparse.Namespace) -> None:
+    """Refuse ``--store memory:``: it would live and die with this one command (`enqueue` would "succeed")."""
+    if args.store == "memory:":
+        raise UsageError("--store memory: is a store inside one process, gone when this command ends; the command "
+                         "line needs a SQLite file (sqlite:///runifold-workflows.db) or PostgreSQL")
 
 
 def refuse_readonly(args: argparse.Namespace) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from runifold.cli._common import emit_json, printable, refuse_readonly
+from runifold.cli._common import emit_json, printable, refuse_memory, refuse_readonly
 from runifold.drill import DrillStep, run_drill
 
 
@@ -25,6 +25,7 @@ def _emit(step: DrillStep) -> None:
 
 
 async def drill_cmd(args: argparse.Namespace) -> int:
+    refuse_memory(args)  # its workers are processes of their own
     refuse_readonly(args)  # the drill writes its runs
     if not args.json:
         print(f"recovery drill against {args.store.split('@')[-1]}", flush=True)

@@ -60,7 +60,7 @@ def says_readonly(url: str) -> bool:
 
 
 def _sqlite(url: str) -> tuple[str, bool] | None:
-    """The file a SQLite URL (or a plain path ending in ``.db``) names, and whether it says ``?mode=ro``; None
+    """The file a SQLite URL (or a plain path ending in ``.db``, ``.sqlite`` or ``.sqlite3``) names, and whether it says ``?mode=ro``; None
     for a PostgreSQL or memory URL. The one place a store URL is read."""
     if url.startswith(("postgresql://", "postgres://")):
         try:

@@ -155,9 +155,10 @@ class WorkflowEnvironment:
     # -- checks -------------------------------------------------------------------------------------
 
     async def assert_replays(self) -> None:
-        """Replay every finished run against its code; raise AssertionError naming each that diverges."""
+        """Replay every finished run (completed, failed or cancelled) against its code; raise AssertionError naming
+        each that diverges."""
         problems = []
-        for status in (RunStatus.COMPLETED, RunStatus.FAILED):
+        for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
             for info in await self.store.list_runs(status=status, limit=1_000_000):
                 definition = self.registry.get(info.name, info.version)
                 if definition is None:

@@ -27,8 +27,9 @@ class Supervisor:
     the next; a run that fails does not stop the others. A slot survives any
     exception from the store or from a run: it logs it with its traceback at
     error, counts it in :attr:`outcomes` (``"Error"`` for a runifold error,
-    ``"UnexpectedError"`` for any other exception, after which it also
-    releases the run it held), backs off (up to 5 s) and carries on.
+    ``"UnexpectedError"`` for any other exception, after which the run it held
+    is left to its lease's expiry, as after a crash), backs off (up to 5 s)
+    and carries on.
     Idle slots wait on the store (PostgreSQL wakes them at once by
     notification; other stores poll every ``idle_wait``), one of them at a
     time: a slot that claims a run wakes the next idle one, so a burst of

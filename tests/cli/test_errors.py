@@ -146,8 +146,9 @@ def test_an_unknown_flag_without_a_command_is_named(cli: Cli) -> None:
 
 def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:
     """`--store memory:` lives and dies with one command: `enqueue` printed "enqueued run_..." for a run already
-    gone (helper-23)."""
-    for args in (["enqueue", "steps", "1", "--input", '{"n": 1}'], ["runs", "list"], ["worker", "--idle-wait", "0.1"]):
+    gone (helper-23); `drill` ran for 30 s against it and failed (helper-38)."""
+    for args in (["enqueue", "steps", "1", "--input", '{"n": 1}'], ["runs", "list"], ["worker", "--idle-wait", "0.1"],
+                 ["drill"]):
         one_line_error(cli(*args, "--store", "memory:"), 2, "--store memory: is a store inside one process")
 
 

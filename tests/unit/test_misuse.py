@@ -16,6 +16,7 @@ from runifold import (
     RunFailedError,
     WorkflowContext,
     WorkflowDefinition,
+    cancel_run,
     effect,
     step,
     workflow,
@@ -193,3 +194,31 @@ async def test_returning_a_call_without_await_says_await_is_missing() -> None:
         run = await env.start(forgets, {})
         with pytest.raises(RunFailedError, match=r"it is a coroutine, .* add the missing `await`"):
             await env.result(run)
+
+
+async def test_assert_replays_checks_cancelled_runs_too() -> None:
+    """A cancelled run is finished too: assert_replays skipped it, so code that no longer matches its history
+    went unreported (helper-38)."""
+    changed = [False]
+
+    @step()
+    async def first() -> str:
+        return "first"
+
+    @step()
+    async def other() -> str:
+        return "other"
+
+    @workflow("cancelled-later")
+    async def cancelled_later(ctx: WorkflowContext) -> str:
+        await (other() if changed[0] else first())
+        return str(await ctx.wait_signal("go", timeout=timedelta(days=1)))
+
+    async with WorkflowEnvironment(WorkflowDefinition(cancelled_later, signals={"go": {"*"}})) as env:
+        run = await env.start(cancelled_later, {})
+        await env.run_until_suspended(run)
+        await cancel_run(env.store, run.run_id, by="test", reason="no longer needed")
+        await env.assert_replays()
+        changed[0] = True
+        with pytest.raises(AssertionError, match="other"):
+            await env.assert_replays()
