@@ -438,7 +438,7 @@ class LiveProgress:
     async def _launch(self) -> None:
         """Start the queued bodies.
 
-        A body that is the only thing this run could do meanwhile (no other body in flight, nothing with
+        An async body that is the only thing this run could do meanwhile (no other body in flight, nothing with
         a due time, no outcome yet to be committed or handed over, no workflow task ready) runs right here,
         in the driver's task:
         nothing else could progress while it runs, and the hand-off to a task of its own and back
@@ -448,8 +448,10 @@ class LiveProgress:
         # invariant: an outcome waiting to be committed or handed over (a timer that fired beside this start,
         # say) means workflow code has more to do meanwhile, so the body must not hold the driver
         loop = self._loop
-        alone = (len(starts) == 1 and not self._bodies and not self._resolutions and not self._outbox
-                 and not loop.has_ready)
+        # (a plain def body always runs as a task: cancelled, it waits for its thread, which a stopping worker's
+        # cancellation of the driver must not)
+        alone = (len(starts) == 1 and _is_async(starts[0].fn) and not self._bodies and not self._resolutions
+                 and not self._outbox and not loop.has_ready)
         if alone and self._next_due() is None:
             start = starts[0]
             value: Any = None
