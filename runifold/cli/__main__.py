@@ -83,6 +83,13 @@ def _subparsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentPa
                 yield from _subparsers(sub)
 
 
+def _parser_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)command's parser that parsed ``args``: the one whose handler they carry (the top level's if none)."""
+    handler = getattr(args, "handler", None)
+    return next((sub for sub in _subparsers(parser) if handler is not None and sub.get_default("handler") is handler),
+                parser)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = Parser(prog="runifold", description="Durable async workflows: operate runs and workers.")
     parser.add_argument("--version", action="version", version=f"runifold {_version()}")
@@ -180,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     parser = build_parser()
     try:
-        args = parser.parse_args(arguments)
+        args, unknown = parser.parse_known_args(arguments)
+        if unknown:  # blamed on the command that took the others, pointing at its --help
+            _parser_of(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command is None:
             parser.error("the following arguments are required: COMMAND")
     except SystemExit as exc:  # --help and --version (0), or a usage error argparse already printed (2)

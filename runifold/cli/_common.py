@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from runifold.errors import ConfigurationError, SerializationError
-from runifold.history import encode_value
+from runifold.history import MAX_VERSION, encode_value
 
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
@@ -28,7 +28,6 @@ DEFAULT_STORE = "sqlite:///runifold-workflows.db"
 #: the longest duration a seconds flag takes (about 31 years): beyond it a timedelta overflows
 MAX_SECONDS = 1e9
 #: the largest workflow version a flag takes (a PostgreSQL integer)
-MAX_VERSION = 2**31 - 1
 
 __all__ = ["DEFAULT_STORE", "UsageError", "checkpoint_id", "clip", "compact", "drop_output", "emit_json", "operator",
            "parse_json", "positive_int", "printable", "refuse_memory", "refuse_readonly", "registry_of", "seconds",

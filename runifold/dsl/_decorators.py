@@ -28,6 +28,7 @@ from runifold.dsl._definition import (
     positional_params,
 )
 from runifold.errors import ConfigurationError, OutsideWorkflowError
+from runifold.history import MAX_VERSION, is_version
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -94,8 +95,8 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[
         raise ConfigurationError('@workflow takes the workflow\'s name: write @workflow("order-intake", version=1) '
                                  "above the function")
     _check_id(name, "workflow")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ConfigurationError(f"workflow version must be an integer >= 1, got {version!r}")
+    if not is_version(version):
+        raise ConfigurationError(f"workflow version must be a whole number from 1 to {MAX_VERSION:,}, got {version!r}")
 
     def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         _check_async(fn, "workflow")

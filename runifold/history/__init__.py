@@ -34,6 +34,7 @@ from runifold.history._codec import (
     to_plain,
 )
 from runifold.history._events import (
+    MAX_VERSION,
     TERMINAL_EVENTS,
     AnyEvent,
     CallCancelled,
@@ -63,12 +64,13 @@ from runifold.history._events import (
     UsageCharged,
     ValueRecorded,
     Verdict,
+    is_version,
     type_tag,
 )
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled", "Checkpoint", "ChildStarted", "Done",
+    "MAX_VERSION", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled", "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",
     "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",
@@ -76,6 +78,6 @@ __all__ = [
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
     "WaitReceived", "WaitState", "WaitTimedOut", "canonical", "canonical_json", "convert", "decode_event",
-    "effect_state", "encode_event", "encode_value", "fold", "kind_of", "record", "step_state",
+    "effect_state", "encode_event", "encode_value", "fold", "is_version", "kind_of", "record", "step_state",
     "timer_state", "to_plain", "type_tag", "wait_state",
 ]

@@ -22,6 +22,15 @@ class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True, omit_de
     key: str = ""
 
 
+#: the highest workflow version: every store keeps versions in a 32-bit integer column
+MAX_VERSION = 2**31 - 1
+
+
+def is_version(value: object) -> bool:
+    """Whether ``value`` is a workflow version: a whole number (not a bool) from 1 to :data:`MAX_VERSION`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_VERSION
+
+
 class RunStarted(Event, frozen=True, tag="run_started", kw_only=True):
     name: str
     version: int

@@ -189,8 +189,13 @@ class HmacKeyRing:
         except OSError as exc:
             raise ConfigurationError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
         try:
-            entries = msgspec.json.decode(raw, type=list[KeyFileEntry])
-        except msgspec.DecodeError as exc:
+            data = msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:  # (decoded to the entries' type at once, it blamed the first character)
+            raise ConfigurationError(f"key file {path} is not valid JSON ({exc}); restore it from where it was "
+                                     "made (runifold keys new writes it)") from exc
+        try:
+            entries = msgspec.convert(data, type=list[KeyFileEntry])
+        except msgspec.ValidationError as exc:
             raise ConfigurationError(f"key file {path} is not a JSON list of key entries "
                                      f'{{"key_id", "sender", "secret", "revoked"?}}: {exc}') from exc
         ring = cls(freshness)

@@ -86,6 +86,6 @@ def _sqlite(url: str) -> tuple[str, bool] | None:
     if url.endswith((".db", ".sqlite", ".sqlite3")) and not _SCHEME.match(url):
         return url, False
     raise ConfigurationError(
-        f"unrecognised store URL {url!r}; use sqlite:///relative.db, sqlite:////abs/path.db, "
-        "postgresql://user@host/db or memory:"
+        f"unrecognised store URL {url!r}; use sqlite:///relative.db, sqlite:////abs/path.db, a path ending in "
+        ".db, .sqlite or .sqlite3, postgresql://user@host/db or memory:"
     )

@@ -37,7 +37,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, final
 import msgspec
 
 from runifold.errors import InvalidInputError, SerializationError
-from runifold.history import RunStarted, canonical, encode_event, encode_value, to_plain, type_tag
+from runifold.history import (
+    MAX_VERSION,
+    RunStarted,
+    canonical,
+    encode_event,
+    encode_value,
+    is_version,
+    to_plain,
+    type_tag,
+)
 
 if TYPE_CHECKING:
     from runifold.stores._schedule import Schedule, ScheduleInfo
@@ -99,8 +108,9 @@ class WorkflowTask:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidInputError(f"WorkflowTask.name must be a non-empty string, got {self.name!r}")
-        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
-            raise InvalidInputError(f"WorkflowTask.version must be an integer >= 1, got {self.version!r}")
+        if not is_version(self.version):
+            raise InvalidInputError(
+                f"WorkflowTask.version must be a whole number from 1 to {MAX_VERSION:,}, got {self.version!r}")
         if not isinstance(self.input, Mapping):
             raise InvalidInputError(f"WorkflowTask.input must be a mapping of argument names, got {type(self.input).__name__}")
         if self.checkpoint_id is not None and (not isinstance(self.checkpoint_id, str) or not self.checkpoint_id):
@@ -295,7 +305,8 @@ class SignalDelivery(msgspec.Struct, frozen=True):
 
 
 class SignalReceipt(msgspec.Struct, frozen=True):
-    """The store's answer to a delivery (the original one for a duplicate)."""
+    """The store's answer to a delivery; for a duplicate, ``received_at`` is the original's and ``run_status`` the
+    run's status now."""
 
     run_id: str
     signal_id: str
@@ -549,8 +560,8 @@ def check_listing(*, status: RunStatus | None = None, name: str | None = None, a
                         (concurrency_key, "the concurrency key")):
         if value is not None:
             check_text(value, what=what)
-    if version is not None and (not _whole(version) or not 1 <= version <= MAX_INT):
-        raise InvalidInputError(f"version must be a whole number from 1 to {MAX_INT:,}, got {version!r}")
+    if version is not None and not is_version(version):
+        raise InvalidInputError(f"version must be a whole number from 1 to {MAX_VERSION:,}, got {version!r}")
     if not isinstance(holding_slot, bool):
         raise InvalidInputError(f"holding_slot must be True or False, got {holding_slot!r}")
     if limit is _NO_LIMIT:

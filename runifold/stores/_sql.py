@@ -53,6 +53,11 @@ def numbered(values: Sequence[Any]) -> dict[str, Any]:
     return {str(n): value for n, value in enumerate(values, 1)}
 
 
+def closed_store(where: str) -> StoreError:
+    """The error for an operation on a store after its ``close()``."""
+    return StoreError(f"{where} was closed; open the store again (open_store) to use it")
+
+
 def newer_schema(where: str, found: int, known: int) -> StoreError:
     """The error for a database whose schema is newer than this code."""
     return StoreError(

@@ -69,7 +69,7 @@ from runifold.stores._protocol import (
     transition_columns,
 )
 from runifold.stores._schedule import Schedule, ScheduleInfo, check_schedule_name
-from runifold.stores._sql import by_ref, migrations, newer_schema, queries
+from runifold.stores._sql import by_ref, closed_store, migrations, newer_schema, queries
 
 T = TypeVar("T")
 log = get_logger("runifold.stores.postgres")
@@ -155,6 +155,7 @@ class PostgresWorkflowStore:
         self._due_query: asyncio.Future[float | None] | None = None
         self._work = asyncio.Event()
         # group commit: the commits (and the claims) of this process that meet in flight share a round trip
+        self._closed = False
         self._commits: Batcher[_CommitAsk, CommitResult | str] = Batcher(
             self._send_commits, limit=_BATCH_LIMIT, apart=lambda ask: ask.lease.run_id)
         self._claims: Batcher[_ClaimAsk, Claim | None] = Batcher(
@@ -259,6 +260,8 @@ class PostgresWorkflowStore:
         budget. An attempt that fails, times out or is cancelled drops its
         connection: a statement may still run on it.
         """
+        if self._closed:
+            raise closed_store(f"PostgreSQL at {_redact(self.dsn)}")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._retry_seconds if budget is None else budget)
         delay = 0.05
@@ -612,6 +615,8 @@ class PostgresWorkflowStore:
         return self._commits.batches, self._commits.items, self._claims.batches, self._claims.items
 
     async def close(self) -> None:
+        """Close every connection; every later operation is refused."""
+        self._closed = True
         await self._commits.close()
         await self._claims.close()
         for pending in (self._connecting, self._due_query):

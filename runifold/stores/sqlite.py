@@ -69,7 +69,7 @@ from runifold.stores._protocol import (
     transition_columns,
 )
 from runifold.stores._schedule import Schedule, ScheduleInfo, check_schedule_name
-from runifold.stores._sql import by_ref, migrations, newer_schema, numbered, queries
+from runifold.stores._sql import by_ref, closed_store, migrations, newer_schema, numbered, queries
 from runifold.stores._thread import ConnectionThread, Outcome
 
 T = TypeVar("T")
@@ -198,6 +198,7 @@ class SqliteWorkflowStore:
         self._direct_writes = direct_writes
         self._writer = None if writer is None else ConnectionThread(writer, self._apply, "runifold-sqlite-writer")
         self._reader = ConnectionThread(reader, _read_each, "runifold-sqlite-reader")
+        self._closed = False
         #: the leases this store handed out and has not seen end: run id -> lease_until
         self._leases: dict[str, float] = {}
         self._work = asyncio.Event()
@@ -295,6 +296,8 @@ class SqliteWorkflowStore:
 
     async def _write(self, op: Op[T], *, wake: bool = False, orphan: Callable[[T], None] | None = None) -> T:
         """Run a write, grouped with others in the writer thread or, alone, in the caller."""
+        if self._closed:
+            raise closed_store(f"the SQLite store {self.path}")
         if self._writer is None:
             raise StoreError(f"the SQLite store {self.path} was opened read-only; open it without readonly to write")
         try:
@@ -363,6 +366,8 @@ class SqliteWorkflowStore:
         return outcomes
 
     async def _read(self, fn: Op[T]) -> T:
+        if self._closed:  # (its thread has ended: a job queued now would never be answered)
+            raise closed_store(f"the SQLite store {self.path}")
         try:
             return await self._reader.submit(fn)  # type: ignore[no-any-return]
         except sqlite3.Error as exc:
@@ -684,7 +689,8 @@ class SqliteWorkflowStore:
         await self._write(lambda conn: schedules.advance(conn, ticks))
 
     async def close(self) -> None:
-        """Finish the queued writes, then close the connections."""
+        """Finish the queued writes, then close the connections; every later operation is refused."""
+        self._closed = True
         threads = [t for t in (self._writer, self._reader) if t is not None]
         for thread in threads:
             await thread.close()

@@ -28,6 +28,7 @@ from runifold._log import get_logger
 from runifold.cli._runs import duration
 from runifold.cli._text import clip, iso, printable
 from runifold.errors import RunifoldError, RunNotFoundError, SerializationError, StoreError
+from runifold.history import MAX_VERSION
 from runifold.stores import RunStatus, WorkflowStore
 from runifold.stores._protocol import check_text, ref_column
 from runifold.ui import _data
@@ -145,7 +146,7 @@ def _filter(request: Request) -> _data.RunFilter:
     if after is not None and ref_column(after) != "run_id":
         raise BadRequest(f"after must be a run id (the last run id of the page before), got {after!r}")
     return _data.RunFilter(status=None if status is None else RunStatus(status), name=_text(request, "name"),
-                           version=_int(request, "version", low=1), ref=_text(request, "ref"),
+                           version=_int(request, "version", low=1, high=MAX_VERSION), ref=_text(request, "ref"),
                            limit=_int(request, "limit", default=50, low=1, high=_data.MAX_PAGE) or 50,
                            after=after)
 

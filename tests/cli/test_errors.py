@@ -144,6 +144,15 @@ def test_an_unknown_flag_without_a_command_is_named(cli: Cli) -> None:
     one_line_error(cli(), 2, "the following arguments are required: COMMAND")
 
 
+def test_an_unknown_flag_after_a_command_is_blamed_on_that_command(cli: Cli) -> None:
+    """A typo in a command's flag said `runifold: error: ... (see `runifold --help`)`, whose help does not list the
+    command's flags (helper-36)."""
+    one_line_error(cli("worker", "--concurency", "8"), 2,
+                   "runifold worker: error: unrecognized arguments: --concurency 8 (see `runifold worker --help`)")
+    one_line_error(cli("runs", "list", "--stauts", "failed"), 2,
+                   "runifold runs list: error: unrecognized arguments: --stauts failed (see `runifold runs list --help`)")
+
+
 def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:
     """`--store memory:` lives and dies with one command: `enqueue` printed "enqueued run_..." for a run already
     gone (helper-23); `drill` ran for 30 s against it and failed (helper-38)."""

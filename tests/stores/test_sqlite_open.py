@@ -188,7 +188,8 @@ async def test_a_mistyped_store_url_is_refused_saying_which_forms_there_are(tmp_
     monkeypatch.chdir(tmp_path)
     for url in ("sqllite:///a.db", "sqlite:/b.db", "postgress://u@h/db"):
         with pytest.raises(ConfigurationError, match=r"unrecognised store URL .* use sqlite:///relative.db, "
-                                                     r"sqlite:////abs/path.db, postgresql://user@host/db or memory:"):
+                                                     r"sqlite:////abs/path.db, a path ending in .db, .sqlite or .sqlite3, "
+                                                     r"postgresql://user@host/db or memory:"):
             await open_store(url)
     with pytest.raises(ConfigurationError, match=r"a SQLite URL takes three slashes .* sqlite:///my.db or"):
         await open_store("sqlite://my.db")

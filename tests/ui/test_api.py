@@ -66,6 +66,10 @@ def test_the_view_is_read_only_and_refuses_bad_requests(served: Served) -> None:
     assert get(served.url + "api/runs?status=stuck")[0] == 400
     assert get(served.url + "api/runs?limit=100000")[0] == 400
     assert get(served.url + "api/runs?version=two")[0] == 400
+    # every version the stores and the command line take (helper-36: 1,500,000,000 was 400 here)
+    assert get(served.url + "api/runs?version=2147483647")[0] == 200
+    status, _, body = get(served.url + "api/runs?version=2147483648")
+    assert status == 400 and "from 1 to 2,147,483,647" in json.loads(body)["error"]
     # as the command line refuses them (helper-33: a NUL reference was 503 on PostgreSQL and 404 on SQLite, and
     # after=zzz gave the first page)
     status, _, body = get(served.url + "api/runs?after=zzz")

@@ -10,12 +10,14 @@ import pytest
 
 from runifold import (
     ConfigurationError,
+    InvalidInputError,
     NondeterminismError,
     ResumePolicy,
     RetryPolicy,
     RunFailedError,
     WorkflowContext,
     WorkflowDefinition,
+    WorkflowTask,
     cancel_run,
     effect,
     step,
@@ -222,3 +224,13 @@ async def test_assert_replays_checks_cancelled_runs_too() -> None:
         changed[0] = True
         with pytest.raises(AssertionError, match="other"):
             await env.assert_replays()
+
+
+def test_a_workflow_version_beyond_what_stores_keep_is_refused_where_it_is_written() -> None:
+    """Version 2,147,483,648 was accepted, ran on SQLite and the memory store, and failed on PostgreSQL with the
+    driver's "value out of int32 range" (helper-36); every place a version is written now refuses it."""
+    with pytest.raises(ConfigurationError, match="workflow version must be a whole number from 1 to 2,147,483,647"):
+        workflow("big", version=2**31)
+    with pytest.raises(InvalidInputError, match="version must be a whole number from 1 to 2,147,483,647"):
+        WorkflowTask("big", 2**31, {})
+    assert WorkflowTask("big", 2**31 - 1, {}).version == 2**31 - 1

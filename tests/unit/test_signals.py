@@ -137,7 +137,9 @@ def test_a_key_file_others_can_read_is_loaded_with_a_warning(tmp_path: Path, cap
 
 @pytest.mark.parametrize(("content", "message"), [
     (None, "cannot read key file"),
-    ("not json", "is not a JSON list of key entries"),
+    ("not json", "is not valid JSON"),
+    ('{"broken', "is not valid JSON"),  # (it said "Expected `array`, got `object`": helper-36)
+    ("{}", "is not a JSON list of key entries"),
     ('[{"key_id": 1}]', "is not a JSON list of key entries"),
     ('[{"key_id": "k", "sender": "alice", "secret": "not base64!"}]', "is not base64"),
     ('[{"key_id": "k", "sender": "alice", "secret": "c2hvcnQ="}]', "at least 16 bytes"),
