@@ -27,7 +27,6 @@ DEFAULT_STORE = "sqlite:///runifold-workflows.db"
 
 #: the longest duration a seconds flag takes (about 31 years): beyond it a timedelta overflows
 MAX_SECONDS = 1e9
-#: the largest workflow version a flag takes (a PostgreSQL integer)
 
 __all__ = ["DEFAULT_STORE", "UsageError", "checkpoint_id", "clip", "compact", "drop_output", "emit_json", "operator",
            "parse_json", "positive_int", "printable", "refuse_memory", "refuse_readonly", "registry_of", "seconds",

@@ -70,7 +70,8 @@ from runifold.history._events import (
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "MAX_VERSION", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled", "Checkpoint", "ChildStarted", "Done",
+    "MAX_VERSION", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
+    "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",
     "InDoubt", "Phase", "Replayer", "Resolution", "RetryDue", "RunCancelled", "RunCompleted",

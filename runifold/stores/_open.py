@@ -60,8 +60,8 @@ def says_readonly(url: str) -> bool:
 
 
 def _sqlite(url: str) -> tuple[str, bool] | None:
-    """The file a SQLite URL (or a plain path ending in ``.db``, ``.sqlite`` or ``.sqlite3``) names, and whether it says ``?mode=ro``; None
-    for a PostgreSQL or memory URL. The one place a store URL is read."""
+    """The file a SQLite URL (or a plain path ending in ``.db``, ``.sqlite`` or ``.sqlite3``) names, and whether it
+    says ``?mode=ro``; None for a PostgreSQL or memory URL. The one place a store URL is read."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
             urlsplit(url).port  # noqa: B018 - raises for a port that is no number or out of range, a bad IPv6 host

@@ -154,8 +154,8 @@ class PostgresWorkflowStore:
         self._connecting: asyncio.Future[None] | None = None
         self._due_query: asyncio.Future[float | None] | None = None
         self._work = asyncio.Event()
+        self._closed = False  # close() was called: every operation is refused
         # group commit: the commits (and the claims) of this process that meet in flight share a round trip
-        self._closed = False
         self._commits: Batcher[_CommitAsk, CommitResult | str] = Batcher(
             self._send_commits, limit=_BATCH_LIMIT, apart=lambda ask: ask.lease.run_id)
         self._claims: Batcher[_ClaimAsk, Claim | None] = Batcher(

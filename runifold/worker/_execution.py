@@ -162,7 +162,7 @@ class Execution(LiveProgress, Replaying):
         self._resolutions: deque[tuple[Call, Any, BaseException | None, float]] = deque()
         self._buffer: list[AnyEvent] = []  # recorded with the next commit
         self._consumed: list[str] = []  # signal ids, consumed with the next commit
-        # events that must be durable before their action runs: (events, action after the commit)
+        # events that must be durable before their action runs: (events, action after the commit, given its time)
         self._outbox: list[tuple[list[AnyEvent], Callable[[float], None]]] = []
         self._bodies: set[asyncio.Task[Any]] = set()
         self._starts = []

@@ -100,7 +100,7 @@ class LiveProgress:
     _inbox: list[InboxSignal]
     _buffer: list[AnyEvent]
     _consumed: list[str]
-    _outbox: list[tuple[list[AnyEvent], Callable[[float], None]]]  # events, and what follows their commit (at: its time)
+    _outbox: list[tuple[list[AnyEvent], Callable[[float], None]]]  # events, and what follows their commit
     _resolutions: deque[tuple[Call, Any, BaseException | None, float]]
     _bodies: set[asyncio.Task[Any]]
     _starts: list[_Start]
