@@ -146,10 +146,12 @@ class SignalReceived(Event, frozen=True, tag="signal_received", kw_only=True):
     sender: str
     reason: str
     received_at: float
+    consumed_at: float | None = None  # when the wait took it (store clock); None in histories before it was kept
 
 
 class SignalTimedOut(Event, frozen=True, tag="signal_timed_out", kw_only=True):
     name: str
+    timed_out_at: float | None = None  # when the wait was judged timed out (store clock); None before it was kept
 
 
 class CallCancelled(Event, frozen=True, tag="call_cancelled", kw_only=True):

@@ -93,9 +93,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._closed = False
         self._stepping = False
         #: workflow code's clock (``loop.time()``): the time, as history records it, of the last thing workflow
-        #: code was handed (the run's start, a commit, a timer's due time, a signal's arrival, a wait's
-        #: deadline). It stands still while workflow code runs, so a deadline computed from it passes at the same
-        #: point of every replay
+        #: code was handed (the run's start, a commit, when a timer fired or a wait ended). It stands still while
+        #: workflow code runs, so a deadline computed from it passes at the same point of every replay
         self._clock = 0.0
         #: the last run_ready stopped at its limit with workflow code still runnable (a busy loop)
         self.busy = False

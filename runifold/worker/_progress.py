@@ -138,9 +138,9 @@ class LiveProgress:
     def _resolve(self, call: Call, at: float, value: Any = None, error: BaseException | None = None) -> None:
         """Queue an outcome; the driver hands them over one at a time, in the order queued.
 
-        ``at``: when it happened on the store's clock, as history records it (a commit's time, a timer's due time,
-        a signal's arrival, a wait's deadline): workflow code's clock (``loop.time()``) moves to it when the
-        outcome is handed over, live and replayed alike."""
+        ``at``: when it happened on the store's clock, as history records it (a commit's time; when a timer fired,
+        a wait took its signal or timed out): workflow code's clock (``loop.time()``) moves to it when the outcome
+        is handed over, live and replayed alike."""
         self._resolutions.append((call, value, error, at))
 
     def _abandon(self, call: Call) -> None:
@@ -235,7 +235,7 @@ class LiveProgress:
         if self._inbox_due is not None and self._inbox_due <= now:
             return  # no wait ends before the inbox is read: a signal that came may have ended one first
         if first is not None:
-            self._end_wait(first[2], first[3], now, first[0])
+            self._end_wait(first[2], first[3], now)
             return
         out_of_time = None if settling else self._out_of_time(now, at=True)
         if out_of_time is not None and not self._parked():
@@ -317,25 +317,26 @@ class LiveProgress:
         self._inbox_read = read_at
         self._inbox_due = None
 
-    def _end_wait(self, call: Call, signal: InboxSignal | None, now: float, at: float) -> None:
-        """A timer fires, or a signal wait takes ``signal`` or times out (``at``: when it ended, see _wait_end)."""
+    def _end_wait(self, call: Call, signal: InboxSignal | None, now: float) -> None:
+        """A timer fires, or a signal wait takes ``signal`` or times out; workflow code's clock reads ``now``, which
+        its event records."""
         self._open.remove(call)
         if call.kind is CallKind.TIMER:
             self._buffer.append(TimerFired(key=call.key, fired_at=now))
-            self._resolve(call, at)
+            self._resolve(call, now)
         elif signal is None:
-            self._buffer.append(SignalTimedOut(key=call.key, name=call.name))
-            self._resolve(call, at, error=WaitTimeoutError(call.key, call.name))
+            self._buffer.append(SignalTimedOut(key=call.key, name=call.name, timed_out_at=now))
+            self._resolve(call, now, error=WaitTimeoutError(call.key, call.name))
         else:
             self._inbox.remove(signal)
             self._consumed.append(signal.signal_id)
             self._buffer.append(SignalReceived(
                 key=call.key, name=call.name, payload=signal.payload, signal_id=signal.signal_id,
-                sender=signal.sender, reason=signal.reason, received_at=signal.received_at,
+                sender=signal.sender, reason=signal.reason, received_at=signal.received_at, consumed_at=now,
             ))
             self.log.info("signal_consumed", key=call.key, signal_id=signal.signal_id, sender=signal.sender)
             value, error = self._payload(call, signal.payload)
-            self._resolve(call, at, value, error)
+            self._resolve(call, now, value, error)
 
     def _allowed(self, call: Call, kind: CallKind, requires: str | None) -> bool:
         """Checks before a body runs: capability and budget. A refusal fails the run."""

@@ -37,9 +37,11 @@ from runifold.history import (
     RetryDue,
     RunCompleted,
     SignalReceived,
+    SignalTimedOut,
     SignalWaitStarted,
     StepFailed,
     TimerDone,
+    TimerFired,
     TimerPending,
     TimerStarted,
     WaitPending,
@@ -215,7 +217,7 @@ class Replaying:
                 if isinstance(timer_state(events), Cancelled):
                     return None
                 steps.append((key, "timer fired"))
-                return None, None, next(e.fire_at for e in events if isinstance(e, TimerStarted))
+                return None, None, next(e.fired_at for e in events if isinstance(e, TimerFired))
             case CallKind.CHILD:
                 started = events[0]
                 assert isinstance(started, ChildStarted)
@@ -228,10 +230,13 @@ class Replaying:
                 if isinstance(wait, WaitReceived):
                     steps.append((key, "signal received"))
                     received = next(e for e in events if isinstance(e, SignalReceived))
-                    return *self._payload(call, wait.payload), received.received_at
+                    taken = received.received_at if received.consumed_at is None else received.consumed_at
+                    return *self._payload(call, wait.payload), taken
                 steps.append((key, "wait timed out"))
+                timed_out = next(e for e in events if isinstance(e, SignalTimedOut))
                 started_wait = next(e for e in events if isinstance(e, SignalWaitStarted))
-                return None, WaitTimeoutError(key, call.name), started_wait.deadline or 0.0
+                judged = timed_out.timed_out_at if timed_out.timed_out_at is not None else started_wait.deadline
+                return None, WaitTimeoutError(key, call.name), judged or 0.0
             case _:
                 raise AssertionError(f"{call.kind} calls are not resolved by replay")
 

@@ -94,7 +94,7 @@ async def clock_readings(ctx: WorkflowContext) -> list[float]:
 
 async def test_the_loops_clock_reads_the_same_live_and_replayed_across_a_suspension(store: Any) -> None:
     """Readings of ``loop.time()`` before a suspension are replayed by the next execution to the same values,
-    and move forward with the run's recorded times (the run's start, commits, a timer's due time)."""
+    and move forward with the run's recorded times (the run's start, commits, when a timer fired)."""
     definition = WorkflowDefinition(clock_readings)
     await store.enqueue(WorkflowTask("clock-readings", 1, {}, checkpoint_id="c1"))
     assert isinstance(await worker(store, definition).run_once(), Suspended)
@@ -102,13 +102,41 @@ async def test_the_loops_clock_reads_the_same_live_and_replayed_across_a_suspens
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed), done
     history = await entries(store, "c1")
-    started, due = history[0].at, next(e.event.fire_at for e in history if e.event.key == "sleep#1")
+    started = history[0].at
+    fired = next(e.event.fired_at for e in history if e.event.key == "sleep#1" and hasattr(e.event, "fired_at"))
     assert [e.event.key for e in history if e.event.key.endswith("quick#1")] == ["1/quick#1", "2/quick#1", "quick#1"]
     readings = done.output
     assert readings[0] == started and readings == sorted(readings)
-    assert readings[2] == due  # the timer's due time, not when this worker got to it
+    assert readings[2] == fired  # when the timer fired: this worker's claim, not its due time 0.05 s before
     assert readings[3] == next(e.at for e in history if e.event.key == "quick#1")  # its commit
     assert not await replay_problems(store, WorkflowRegistry(definition), "c1", done.output)
+
+
+@workflow("deadline-after-resume")
+async def deadline_after_resume(ctx: WorkflowContext) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    await ctx.sleep(timedelta(seconds=0.1))  # the run suspends, and resumes a second late
+    deadline = loop.time() + 0.5
+    try:
+        async with asyncio.timeout_at(deadline):
+            await slow(0.2)
+        timed_out = False
+    except TimeoutError:
+        timed_out = True
+    return {"timed_out": timed_out, "past_deadline": loop.time() > deadline}
+
+
+async def test_a_deadline_after_a_late_resume_counts_from_the_resume(store: Any) -> None:
+    """After a timer that fired late (no worker was up), the clock reads when it fired, not its due time: a
+    deadline taken then is honoured. Taken from the due time, it had passed a second before, yet the block ran to
+    its end without TimeoutError, its timer set 0.5 s from the resume (helper-39)."""
+    definition = WorkflowDefinition(deadline_after_resume)
+    await store.enqueue(WorkflowTask("deadline-after-resume", 1, {}, checkpoint_id="r1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await asyncio.sleep(1.1)
+    done = await until_completed(store, definition)
+    assert done.output == {"timed_out": False, "past_deadline": False}, done.output
+    assert not await replay_problems(store, WorkflowRegistry(definition), "r1", done.output)
 
 
 # -- SystemExit and KeyboardInterrupt from workflow code fail the run, never the worker ------------
