@@ -91,7 +91,7 @@ from runifold.stores import (
 )
 from runifold.worker._call import Call, Live, ReplayReport, Usage, failed_call, why
 from runifold.worker._loop import WorkflowLoop
-from runifold.worker._progress import LiveProgress
+from runifold.worker._progress import HALT, LiveProgress
 from runifold.worker._replaying import Replaying
 from runifold.worker._outcome import (
     Completed,
@@ -745,7 +745,7 @@ class Execution(LiveProgress, Replaying):
         self._closing = True
         bodies = list(self._bodies)
         for task in bodies:
-            task.cancel()
+            task.cancel(HALT)  # a plain def body lets its thread go (see _call)
         if bodies:
             await asyncio.wait(bodies, timeout=_BODY_GRACE)
 

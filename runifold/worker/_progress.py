@@ -744,13 +744,17 @@ async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     thread = asyncio.get_running_loop().run_in_executor(_BODY_THREADS, body)
     try:
         return await asyncio.shield(thread)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError as cancelled:
         # invariant: a thread cannot be interrupted, so a cancelled body (workflow code stopped waiting for it, its
         # timeout passed) stays in flight until its thread returns, and its result is dropped: the run neither
-        # suspends nor finishes meanwhile. Cancelled again (the worker stops), it lets the thread go
-        if not thread.done():
+        # suspends nor finishes meanwhile. Halted (the execution stops), or cancelled again, it lets the thread go
+        if not thread.done() and cancelled.args != (HALT,):
             await asyncio.wait([thread])
         raise
+
+
+#: the message of the cancellation that halts a body because its execution stops (the worker stops, the lease is lost)
+HALT = "runifold: the execution stops"
 
 
 class _DaemonThreads(concurrent.futures.Executor):
