@@ -10,7 +10,7 @@ from typing import Any
 
 from runifold._log import get_logger
 
-from runifold.errors import InvalidStateError, RunNotFoundError
+from runifold.errors import BudgetExceededError, InvalidStateError, RunNotFoundError
 from runifold.history import (
     Ambiguous,
     Checkpoint,
@@ -31,6 +31,8 @@ from runifold.worker._debug import call_returns
 from runifold.worker._registry import WorkflowRegistry
 
 log = get_logger("runifold.admin")
+#: the error type run_failed records for a run the engine failed on its budget
+_BUDGET_EXCEEDED = f"{BudgetExceededError.__module__}.{BudgetExceededError.__qualname__}"
 
 _UNFINISHED = {RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED}
 
@@ -164,4 +166,9 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
     result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY,
                                    f"retried by {by}: {reason}")
     log.info("run_retried", run_ref=run_ref, key=last.key, by=by)
+    if last.error_type == _BUDGET_EXCEEDED:
+        # usage only grows: retried as it is, the run fails again at once (helper-40)
+        log.warning("run_retried_over_budget", run_ref=run_ref, reason=last.reason,
+                    hint="it fails again at once unless the definition your workers register for its version allows "
+                         "more: raise the budget and restart the workers")
     return result

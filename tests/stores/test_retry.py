@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from runifold import (
+    Budget,
     Completed,
     Failed,
     InvalidStateError,
@@ -181,3 +182,27 @@ async def test_a_failure_the_code_went_on_from_is_refused(store: Any, name: str)
         await retry_run(store, "t1", by="ops", reason="the airline is back")
     assert await event_types(store, "t1") == before
     assert (await store.get_run("t1")).status is RunStatus.FAILED
+
+
+@workflow("spender")
+async def spender(ctx: WorkflowContext) -> str:
+    for trip in ("a", "b", "c"):
+        await quick(trip)
+    return "spent"
+
+
+async def test_retrying_a_run_failed_on_its_budget_warns_that_it_fails_again(
+        store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Usage only grows, so a run the engine failed on its budget fails again at once when retried as it is: the
+    retry says so (helper-40: it printed `retried ...: ready` and the run failed again without a word). With the
+    workers' definition allowing more, the retried run completes."""
+    tight = WorkflowDefinition(spender, Budget(max_steps=2))
+    await store.enqueue(WorkflowTask("spender", 1, {}, checkpoint_id="b1"))
+    failed = await worker(store, tight).run_once()
+    assert isinstance(failed, Failed) and "budget exceeded" in failed.reason
+    with caplog.at_level("WARNING", logger="runifold.admin"):
+        await retry_run(store, "b1", by="ops", reason="more budget")
+    warned = [r for r in caplog.records if r.name == "runifold.admin" and r.levelname == "WARNING"]
+    assert [r.event for r in warned] == ["run_retried_over_budget"]  # type: ignore[attr-defined]
+    done = await until_completed(store, WorkflowDefinition(spender, Budget(max_steps=10)))
+    assert done.output == "spent"
