@@ -22,7 +22,17 @@ from runifold.cli._common import (
     when,
 )
 from runifold.dsl import Budget
-from runifold.history import Checkpoint, EffectFailed, Entry, RunFailed, SignalReceived, StepFailed, decode_event, fold
+from runifold.history import (
+    Checkpoint,
+    EffectFailed,
+    Entry,
+    RunFailed,
+    SignalReceived,
+    StepFailed,
+    decode_event,
+    effect_attempts,
+    fold,
+)
 from runifold.stores import AuditRecord, RunInfo, RunStatus
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
@@ -241,7 +251,13 @@ async def runs_show(args: argparse.Namespace) -> int:
             for wait in checkpoint.waits]
     out += [f"signal      {printable(a.name)} from {printable(a.sender)} at {when(a.at)}: received, not consumed "
             "(no wait of the workflow's has taken it yet)" for a in unconsumed]
-    out += [f"effect      {printable(key)} is {state}" for key, state in checkpoint.pending_effects.items()]
+    for key, state in checkpoint.pending_effects.items():
+        idempotency_key, attempts = effect_attempts([e.event for e in entries if e.event.key == key])
+        out.append(f"effect      {printable(key)} is {state} (attempt {attempts}, idempotency key "
+                   f"{printable(idempotency_key or '-')})")
+        if state == "ambiguous":
+            out.append(f"            settle it: runifold resolve {info.run_id} {printable(key)} "
+                       "--applied JSON | --retry | --fail --reason ...")
     if checkpoint.failure and checkpoint.failure != _reason(info):
         out.append(f"failure     {printable(checkpoint.failure)}")
     if failed is not None:

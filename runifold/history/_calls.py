@@ -108,6 +108,12 @@ def step_state(events: Sequence[AnyEvent]) -> StepState:
     return state
 
 
+def effect_attempts(events: Sequence[AnyEvent]) -> tuple[str | None, int]:
+    """An effect's idempotency key (its last attempt's; None if none started) and how many attempts started."""
+    started = [e for e in events if isinstance(e, EffectStarted)]
+    return (started[-1].idempotency_key if started else None), len(started)
+
+
 def effect_state(events: Sequence[AnyEvent]) -> EffectState:
     """Fold the events of one effect key."""
     state: EffectState = Fresh()

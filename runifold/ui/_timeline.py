@@ -34,6 +34,7 @@ from runifold.history import (
     TimerStarted,
     UsageCharged,
     ValueRecorded,
+    effect_attempts,
     type_tag,
 )
 
@@ -135,11 +136,11 @@ def effect_evidence(entries: Sequence[Entry], pending: Mapping[str, str]) -> lis
     effects = []
     for key, state in pending.items():
         events = [e for e in entries if e.event.key == key]
-        started = [e.event for e in events if isinstance(e.event, EffectStarted)]
+        idempotency_key, attempts = effect_attempts([e.event for e in events])
         effects.append({
             "key": key, "state": state,
-            "idempotency_key": started[-1].idempotency_key if started else None,
-            "attempts": len(started),
+            "idempotency_key": idempotency_key,
+            "attempts": attempts,
             "evidence": [{"seq": e.seq, "at": e.at, "type": type_tag(e.event), "what": describe(e.event)[0],
                           "why": describe(e.event)[2]} for e in events],
         })

@@ -109,7 +109,11 @@ def test_resolve_cancel_and_migrate(cli: Cli) -> None:
     assert cli("enqueue", "notifying", "1", "--input", '{"n": 3}', "--checkpoint-id", "e1").returncode == 0
     run_worker_until(cli, "e1", RunStatus.PARKED)
     show = cli("runs", "show", "e1")
-    assert "effect      notify#1 is ambiguous" in show.stdout
+    run_id = json.loads(cli("runs", "show", "e1", "--json").stdout)["run"]["run_id"]
+    # what the operator needs to settle it, as the web view shows it (helper-40: only the first line was printed)
+    assert f"effect      notify#1 is ambiguous (attempt 1, idempotency key {run_id}:notify#1)" in show.stdout
+    assert (f"settle it: runifold resolve {run_id} notify#1 --applied JSON | --retry | --fail --reason ..."
+            in show.stdout)
     wrong = cli("resolve", "e1", "other#1", "--retry", "--reason", "x")
     assert wrong.returncode == 1 and "ambiguous effects: ['notify#1']" in wrong.stderr
     resolved = cli("resolve", "e1", "notify#1", "--retry", "--reason", "smtp is back", "--by", "ops-bob")
