@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import signal
+import sys
 import time
 
 from runifold.cli._common import emit_json, printable, refuse_memory, refuse_readonly
 from runifold.drill import DrillStep, run_drill
+
+
+#: the exit status of a drill stopped by SIGTERM (128 + 15, as a shell reports a process it ended)
+EXIT_TERMINATED = 143
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,7 +38,26 @@ async def drill_cmd(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"recovery drill against {args.store.split('@')[-1]}", flush=True)
     started = time.monotonic()
-    report = await run_drill(args.store, _emit if args.json else _print)
+    # SIGTERM stops the drill as Ctrl-C does: its workers are stopped and its runs purged before it exits
+    loop, task, terminated = asyncio.get_running_loop(), asyncio.current_task(), asyncio.Event()
+
+    def terminate() -> None:
+        terminated.set()
+        if task is not None:
+            task.cancel()
+
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+    try:
+        report = await run_drill(args.store, _emit if args.json else _print)
+    except asyncio.CancelledError:
+        print("runifold: drill interrupted; its workers were stopped and its runs purged", file=sys.stderr, flush=True)
+        if terminated.is_set():
+            return EXIT_TERMINATED
+        raise  # Ctrl-C: asyncio.run turns it into KeyboardInterrupt (exit 130)
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
     passed = sum(s.passed for s in report.steps)
     elapsed = time.monotonic() - started
     if args.json:
