@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote_to_bytes, urlencode
 
 import msgspec
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -131,6 +131,23 @@ def _text(request: Request, name: str) -> str | None:
     return value
 
 
+def _check_query(request: Request) -> None:
+    """Refuse a query string whose escapes are not UTF-8: decoded, they would become U+FFFD, and a filter or a
+    reference of it would quietly match nothing (as the command line and the stores refuse invalid Unicode)."""
+    try:
+        unquote_to_bytes(request.scope.get("query_string", b"").replace(b"+", b" ")).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the query string is not valid UTF-8 (percent-escape UTF-8 bytes only)") from None
+
+
+def _after(request: Request) -> str | None:
+    """The ``after`` of a page: the last run id of the page before."""
+    after = _text(request, "after")
+    if after is not None and ref_column(after) != "run_id":
+        raise BadRequest(f"after must be a run id (the last run id of the page before), got {after!r}")
+    return after
+
+
 def _ref(request: Request) -> str:
     ref = _text(request, "ref")
     if ref is None:
@@ -142,9 +159,7 @@ def _filter(request: Request) -> _data.RunFilter:
     status = _text(request, "status")
     if status is not None and status not in {s.value for s in RunStatus}:
         raise BadRequest(f"status must be one of {', '.join(s.value for s in RunStatus)}, got {status!r}")
-    after = _text(request, "after")
-    if after is not None and ref_column(after) != "run_id":
-        raise BadRequest(f"after must be a run id (the last run id of the page before), got {after!r}")
+    after = _after(request)
     return _data.RunFilter(status=None if status is None else RunStatus(status), name=_text(request, "name"),
                            version=_int(request, "version", low=1, high=MAX_VERSION), ref=_text(request, "ref"),
                            limit=_int(request, "limit", default=50, low=1, high=_data.MAX_PAGE) or 50,
@@ -181,6 +196,7 @@ class View:
         """``handler`` with the view's errors turned into pages (or JSON): 400, 404, 503, 500."""
         async def guarded(request: Request) -> Response:
             try:
+                _check_query(request)
                 return await handler(request)
             except BadRequest as exc:
                 code, message = 400, str(exc)
@@ -224,7 +240,7 @@ class View:
         if ref is not None:
             data = await _data.run_audit(self.store, ref, verdict)
             return self.page("audit.html", ref=ref, verdict=verdict, data=data, overall=False)
-        after = _text(request, "after")
+        after = _after(request)
         data = await _data.overall_audit(self.store, verdict=verdict, after=after)
         return self.page("audit.html", ref=None, verdict=verdict, data=data, overall=True, after=after,
                          runs_per_page=_data.AUDIT_RUNS_PER_PAGE)
@@ -248,7 +264,7 @@ class View:
         verdict, ref = _verdict(request), _text(request, "ref")
         if ref is not None:
             return _json(await _data.run_audit(self.store, ref, verdict))
-        return _json(await _data.overall_audit(self.store, verdict=verdict, after=_text(request, "after")))
+        return _json(await _data.overall_audit(self.store, verdict=verdict, after=_after(request)))
 
     def routes(self) -> list[Route]:
         pages: list[tuple[str, Handler]] = [("/", self.home), ("/runs", self.runs), ("/run", self.run),

@@ -42,8 +42,10 @@ class RunFilter:
     limit: int = 50
     after: str | None = None
 
-    def matches(self, info: RunInfo) -> bool:
-        return ((self.status is None or info.status is self.status) and (self.name is None or info.name == self.name)
+    def matches(self, info: RunInfo, *, status: bool = True) -> bool:
+        """Whether ``info`` passes the filter (``status=False``: its name and version filter only)."""
+        return ((not status or self.status is None or info.status is self.status)
+                and (self.name is None or info.name == self.name)
                 and (self.version is None or info.version == self.version))
 
 
@@ -57,17 +59,17 @@ def run_row(info: RunInfo) -> dict[str, Any]:
 async def runs_page(store: WorkflowStore, where: RunFilter) -> dict[str, Any]:
     """A page of runs, newest first, as ``runs list --json`` (``total``, ``next_after``, ``runs``).
 
-    Added: ``counts`` (runs per status under the name and version filter),
+    Added: ``counts`` (runs per status under the name and version filter, or of the one run a reference names),
     and ``now`` (the store's clock, for the age of unfinished runs).
     """
     if where.ref:
         try:
-            found = await store.get_run(where.ref)
+            named = [await store.get_run(where.ref)]
         except RunNotFoundError:
-            runs = []
-        else:
-            runs = [found] if where.matches(found) else []
+            named = []
+        runs = [r for r in named if where.matches(r)]
         total, more = len(runs), None
+        counts = {s.value: sum(r.status is s and where.matches(r, status=False) for r in named) for s in RunStatus}
     else:
         # one run more than the page: the last page knows it is the last
         runs = await store.list_runs(status=where.status, name=where.name, version=where.version,
@@ -75,7 +77,8 @@ async def runs_page(store: WorkflowStore, where: RunFilter) -> dict[str, Any]:
         more = runs[where.limit - 1].run_id if len(runs) > where.limit else None
         runs = runs[:where.limit]
         total = await store.count_runs(status=where.status, name=where.name, version=where.version)
-    counts = {s.value: await store.count_runs(status=s, name=where.name, version=where.version) for s in RunStatus}
+        counts = {s.value: await store.count_runs(status=s, name=where.name, version=where.version)
+                  for s in RunStatus}
     return {"total": total, "next_after": more, "runs": [run_row(r) for r in runs], "counts": counts,
             "now": await store.now()}
 

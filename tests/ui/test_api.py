@@ -37,6 +37,9 @@ def test_json_endpoints_return_what_the_cli_prints(served: Served) -> None:
     """runs list, runs show, history, replay and audit: the endpoint's data is the CLI's --json output (plus keys)."""
     page = get_json(served.url + "api/runs?limit=20&status=ready")
     assert set(page) == {"total", "next_after", "runs", "counts", "now"}
+    # the counts follow a reference filter too (helper-41: they counted every run of the store)
+    named = get_json(served.url + "api/runs?ref=parse-failed")
+    assert named["total"] == 1 and sum(named["counts"].values()) == 1 and named["counts"]["failed"] == 1
     assert {k: page[k] for k in ("total", "next_after", "runs")} == cli_json(served, "runs", "list", "--limit", "20",
                                                                               "--status", "ready")
     for ref in ("parse-failed", "pay-parked", "approve-1", "evolving-diverged"):
@@ -74,6 +77,12 @@ def test_the_view_is_read_only_and_refuses_bad_requests(served: Served) -> None:
     # after=zzz gave the first page)
     status, _, body = get(served.url + "api/runs?after=zzz")
     assert status == 400 and "after must be a run id" in json.loads(body)["error"]
+    # helper-41: the audit ignored a bad after=, and escapes that are not UTF-8 became U+FFFD and matched nothing
+    assert get(served.url + "api/audit?after=zzz")[0] == 400
+    for query in ("api/runs?name=%ED%A0%80", "api/run?ref=%ff", "run?ref=%C3"):
+        status, _, body = get(served.url + query)
+        assert status == 400 and b"not valid UTF-8" in body, query
+    assert get(served.url + "api/runs?name=caf%C3%A9")[0] == 200
     for query in ("api/run?ref=a%00b", "api/runs?name=a%00b", "run?ref=a%00b"):
         assert get(served.url + query)[0] == 400, query
     status, _, body = get(served.url + "api/run?ref=no-such-run")
