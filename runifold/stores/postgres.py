@@ -103,7 +103,9 @@ def _transient(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
 def _translate(exc: BaseException) -> StoreError:
     """The one place driver errors become runifold errors, by SQLSTATE."""
     if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
-        return StoreError("this PostgreSQL store was opened read-only; open it without readonly to write")
+        return StoreError("PostgreSQL refused a write: the store was opened read-only (readonly=True), or the "
+                          "server, database or role sets default_transaction_read_only, or this is a standby; open "
+                          "it without readonly, on a primary, with a role and settings that allow writes")
     if isinstance(exc, asyncpg.exceptions.InsufficientPrivilegeError):
         return StoreError(f"PostgreSQL error {exc.sqlstate}: {exc}; this needs a role that may write the runifold "
                           "tables (a role with SELECT rights only can run the read-only commands)")

@@ -228,6 +228,14 @@ async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_wri
     finally:
         await reader.close()
     assert await store.count_runs() == 1
+    # a session the server keeps read-only: the error names that too, not only readonly=True (helper-41)
+    forced = await open_url(dsn + ("&" if "?" in dsn else "?") + "options=-c%20default_transaction_read_only%3Don",
+                            readonly=True)
+    try:
+        with pytest.raises(StoreError, match="or the server, database or role sets default_transaction_read_only"):
+            await forced.enqueue(WorkflowTask("wf", 1, {}))
+    finally:
+        await forced.close()
 
     # an empty database: refused, and left empty; a schema behind this runifold's: refused, left as it is
     name = f"runifold_readonly_{os.getpid()}"
