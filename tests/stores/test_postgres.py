@@ -300,3 +300,28 @@ async def test_a_role_that_may_only_read_gets_an_error_that_says_so(open_store: 
         await admin.execute(f"DROP OWNED BY {role}")
         await admin.execute(f"DROP ROLE {role}")
         await admin.close()
+
+
+async def test_postgres_schema_is_made_again_after_its_tables_were_dropped(open_store: Any) -> None:
+    """Dropping the runifold tables by hand (a reset) left the functions, and the next open failed with
+    `PostgreSQL error 42723: function "runifold_now" already exists` (helper-41): the baseline now replaces them."""
+    import asyncpg
+
+    from runifold.stores import open_store as open_url
+
+    store = await open_store()
+    dsn = store.dsn
+    conn = await asyncpg.connect(dsn)
+    try:
+        tables = [r["tablename"] for r in await conn.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE 'runifold%'")]
+        assert "runifold_runs" in tables and "runifold_schema" in tables
+        await conn.execute(f"DROP TABLE {', '.join(tables)} CASCADE")
+    finally:
+        await conn.close()
+    again = await open_url(dsn)
+    try:
+        run_id = (await again.enqueue(WorkflowTask("wf", 1, {}))).run_id
+        assert (await again.get_run(run_id)).status is RunStatus.READY
+    finally:
+        await again.close()

@@ -119,11 +119,11 @@ CREATE TABLE runifold_schedules (
     updated_at      double precision NOT NULL
 );
 
-CREATE FUNCTION runifold_now() RETURNS double precision
+CREATE OR REPLACE FUNCTION runifold_now() RETURNS double precision
 LANGUAGE sql VOLATILE AS $$ SELECT extract(epoch FROM clock_timestamp())::double precision $$;
 
 -- A run looked up by reference (p_column: 'run_id' or 'checkpoint_id') and locked.
-CREATE FUNCTION runifold_lock_run(p_column text, p_ref text) RETURNS runifold_runs
+CREATE OR REPLACE FUNCTION runifold_lock_run(p_column text, p_ref text) RETURNS runifold_runs
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_run runifold_runs%ROWTYPE;
@@ -142,7 +142,7 @@ $$;
 -- true) instead of creating them twice. A checkpoint id that names another task
 -- (another name, version, input or parent) raises SQLSTATE RF001 (DETAIL: the existing run id, HINT: the checkpoint id)
 -- and nothing is enqueued.
-CREATE FUNCTION runifold_enqueue(
+CREATE OR REPLACE FUNCTION runifold_enqueue(
     p_run_ids text[], p_checkpoint_ids text[], p_names text[], p_versions integer[], p_inputs text[],
     p_types text[], p_keys text[], p_bodies text[], p_parents text[], p_concurrency_keys text[],
     p_concurrency_limits integer[]
@@ -188,7 +188,7 @@ $$;
 -- Rule 6: a run that finished posts its last event (p_body) to its parent's
 -- inbox, once, as signal 'child:<run id>', and wakes the parent if it waits for
 -- it. Returns whether it woke the parent. No parent (or no body): nothing.
-CREATE FUNCTION runifold_notify_parent(p_run text, p_body text, p_now double precision) RETURNS boolean
+CREATE OR REPLACE FUNCTION runifold_notify_parent(p_run text, p_body text, p_now double precision) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_parent text;
@@ -223,7 +223,7 @@ $$;
 -- One row per commit, item = i - 1; detail says why a refused one was refused.
 -- invariant: the client sends a batch in run_id order, so the run rows are locked in that
 -- order and concurrent batches never deadlock.
-CREATE FUNCTION runifold_commit(
+CREATE OR REPLACE FUNCTION runifold_commit(
     p_run text[], p_token bigint[], p_expected bigint[], p_count integer[], p_change text[],
     p_types text[], p_keys text[], p_bodies text[]
 ) RETURNS TABLE (item integer, ok boolean, new_revision bigint, at double precision, detail text)
@@ -352,7 +352,7 @@ $$;
 -- lock only while it holds none of a later key, so claims never wait for each other in a cycle.
 -- (ROWS 1: the planner would otherwise expect ten rows, and so price the claim statement too high
 -- to ever reuse its generic plan, planning it again at every claim.)
-CREATE FUNCTION runifold_admit(
+CREATE OR REPLACE FUNCTION runifold_admit(
     p_ids text[], p_now double precision, p_names text[], p_exclude text[], p_spare integer
 ) RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE ROWS 1 AS $$
@@ -415,7 +415,7 @@ $$;
 -- Deliver a signal to exactly one run id: accepted, duplicate (same name,
 -- payload hash, sender and reason), rejected:conflict (the id names another signal) or
 -- rejected:inbox_full; every attempt is audited. No row: the run does not exist.
-CREATE FUNCTION runifold_deliver(
+CREATE OR REPLACE FUNCTION runifold_deliver(
     p_run text, p_ref text, p_signal text, p_name text, p_payload text, p_hash text, p_sender text, p_key text,
     p_reason text, p_max integer
 ) RETURNS TABLE (verdict text, received_at double precision, run_status text)
@@ -461,7 +461,7 @@ $$;
 
 -- Keep a rejected attempt, and only the newest p_cap rejected attempts of its run
 -- (of attempts against no known run, when p_run is NULL).
-CREATE FUNCTION runifold_record_rejected(
+CREATE OR REPLACE FUNCTION runifold_record_rejected(
     p_run text, p_ref text, p_signal text, p_name text, p_sender text, p_key text, p_verdict text, p_hash text,
     p_reason text, p_detail text, p_at double precision, p_cap integer
 ) RETURNS void
@@ -477,7 +477,7 @@ $$;
 -- An operator's append: fences off any lease holder. Returns the run's status
 -- before (new_revision NULL: its status is not in p_allowed, nothing written);
 -- no row: no such run.
-CREATE FUNCTION runifold_intervene(
+CREATE OR REPLACE FUNCTION runifold_intervene(
     p_column text, p_ref text, p_allowed text[], p_types text[], p_keys text[], p_bodies text[], p_status text,
     p_reason text
 ) RETURNS TABLE (run_id text, status text, new_revision bigint, at double precision)
@@ -515,7 +515,7 @@ $$;
 
 -- Make a ready, waiting or diverged run due now; returns its status before
 -- (woken false: not one of those, nothing written); no row: no such run.
-CREATE FUNCTION runifold_wake(p_column text, p_ref text) RETURNS TABLE (run_id text, status text, woken boolean)
+CREATE OR REPLACE FUNCTION runifold_wake(p_column text, p_ref text) RETURNS TABLE (run_id text, status text, woken boolean)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -536,7 +536,7 @@ $$;
 
 -- Delete a finished run with its events, signals and audit; returns its status
 -- (nothing deleted unless finished); no row: no such run.
-CREATE FUNCTION runifold_purge(p_column text, p_ref text) RETURNS TABLE (run_id text, status text)
+CREATE OR REPLACE FUNCTION runifold_purge(p_column text, p_ref text) RETURNS TABLE (run_id text, status text)
 LANGUAGE plpgsql VOLATILE AS $$
 #variable_conflict use_column
 DECLARE
@@ -552,7 +552,7 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION runifold_delete_runs(p_runs text[]) RETURNS void
+CREATE OR REPLACE FUNCTION runifold_delete_runs(p_runs text[]) RETURNS void
 LANGUAGE sql VOLATILE AS $$
     DELETE FROM runifold_events WHERE run_id = ANY (p_runs);
     DELETE FROM runifold_signals WHERE run_id = ANY (p_runs);
@@ -561,7 +561,7 @@ LANGUAGE sql VOLATILE AS $$
 $$;
 
 -- Delete up to p_limit finished runs last updated before p_before; returns how many.
-CREATE FUNCTION runifold_purge_finished(p_before double precision, p_limit integer) RETURNS integer
+CREATE OR REPLACE FUNCTION runifold_purge_finished(p_before double precision, p_limit integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_runs text[];
