@@ -273,7 +273,13 @@ class View:
                                            ("/api/history", self.api_history), ("/api/replay", self.api_replay),
                                            ("/api/audit", self.api_audit)]
         return ([Route(path, self.guarded(h, api=False), methods=["GET"]) for path, h in pages]
-                + [Route(path, self.guarded(h, api=True), methods=["GET"]) for path, h in apis])
+                + [Route(path, self.guarded(h, api=True), methods=["GET"]) for path, h in apis]
+                # no icon: an empty answer, so a browser does not log a 404 for every page
+                + [Route("/favicon.ico", _no_icon, methods=["GET"])])
+
+
+async def _no_icon(request: Request) -> Response:
+    return Response(status_code=204)
 
 
 def create_app(store: WorkflowStore, registry: WorkflowRegistry | None = None, *, store_label: str = "",

@@ -83,6 +83,7 @@ def test_the_view_is_read_only_and_refuses_bad_requests(served: Served) -> None:
         status, _, body = get(served.url + query)
         assert status == 400 and b"not valid UTF-8" in body, query
     assert get(served.url + "api/runs?name=caf%C3%A9")[0] == 200
+    assert get(served.url + "favicon.ico")[0] == 204  # (a 404 in the browser's console on every page: helper-41)
     for query in ("api/run?ref=a%00b", "api/runs?name=a%00b", "run?ref=a%00b"):
         assert get(served.url + query)[0] == 400, query
     status, _, body = get(served.url + "api/run?ref=no-such-run")
