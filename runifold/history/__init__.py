@@ -80,6 +80,6 @@ __all__ = [
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
     "WaitReceived", "WaitState", "WaitTimedOut", "canonical", "canonical_json", "convert", "decode_event",
-    "effect_attempts", "effect_state", "encode_event", "encode_value", "fold", "is_version", "kind_of", "record", "step_state",
-    "timer_state", "to_plain", "type_tag", "wait_state",
+    "effect_attempts", "effect_state", "encode_event", "encode_value", "fold", "is_version", "kind_of", "record",
+    "step_state", "timer_state", "to_plain", "type_tag", "wait_state",
 ]
