@@ -163,7 +163,7 @@ async def enqueue_cmd(args: argparse.Namespace) -> int:
     try:
         task = WorkflowTask(args.name, args.version, data, args.checkpoint_id, concurrency_key=args.concurrency_key,
                             concurrency_limit=args.concurrency_limit)
-    except InvalidInputError as exc:  # a flag's value the task cannot take (a checkpoint id in the run-id form)
+    except InvalidInputError as exc:  # a flag's value the task cannot take (NUL in a name or a checkpoint id, say)
         raise UsageError(str(exc)) from exc
     task = registry_of(args).validate(task)
     store = await store_of(args, create=True)

@@ -537,8 +537,9 @@ def ref_column(run_ref: str) -> Literal["run_id", "checkpoint_id"]:
     return "run_id" if run_ref.startswith(RUN_ID_PREFIX) else "checkpoint_id"
 
 
-#: the largest count, limit or version a store takes (PostgreSQL's integer); a larger limit means "all of them"
-MAX_INT = 2**31 - 1
+#: the largest count or limit a store takes: the bound of its integer columns, which bounds versions too
+#: (:data:`runifold.history.MAX_VERSION`); a larger limit means "all of them"
+MAX_INT = MAX_VERSION
 
 
 #: ``count_runs`` takes no limit
