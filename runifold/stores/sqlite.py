@@ -3,9 +3,10 @@
 * WAL journal, ``synchronous=FULL``: a commit is on disk when it returns.
 * Two connections, each owned by a thread of the store's (``_thread.py``):
   a writer and a reader. The writer commits in groups: every write queued
-  while a transaction is in progress goes into the next one (each in its own
-  savepoint, so one that fails fails alone), and each caller is answered only
-  after that commit. Concurrent runs share an fsync.
+  while a transaction is in progress goes into the next one, and each caller
+  is answered only after that commit. Concurrent runs share an fsync. A group
+  in which one write fails is rolled back and its writes run again one
+  transaction each, so one that fails fails alone.
 * While the store holds at most one run's lease and the writer is idle, a
   write runs on the writer's connection in the calling thread instead
   (``direct_writes``): nobody could share its fsync, and the hand-off to the
@@ -335,35 +336,31 @@ class SqliteWorkflowStore:
         return len(self._leases) <= 1
 
     def _apply(self, conn: sqlite3.Connection, ops: Sequence[Op[Any]], budget: float | None = None) -> list[Outcome]:
-        """Run ``ops`` in one transaction, each in its own savepoint when there are several."""
+        """Run ``ops`` in one transaction. If one fails, that transaction is rolled back and each op runs again in
+        a transaction of its own, so one that fails fails alone (an op writes only through ``conn``: running it
+        again after a rollback is running it once)."""
         deadline = time.monotonic() + (self._busy_seconds if budget is None else budget)
+        outcomes = self._transaction(conn, ops, deadline)
+        if len(ops) > 1 and any(exc is not None for _, exc in outcomes):
+            outcomes = [self._transaction(conn, [op], deadline)[0] for op in ops]
+        return outcomes
+
+    def _transaction(self, conn: sqlite3.Connection, ops: Sequence[Op[Any]], deadline: float) -> list[Outcome]:
+        """Run ``ops`` in one transaction: all commit, or (one raised) none does and every outcome is the error."""
         try:
             _begin(conn, deadline)
         except sqlite3.Error as exc:
             return [(None, exc)] * len(ops)
-        outcomes: list[Outcome] = []
-        grouped = len(ops) > 1
         try:
-            for op in ops:
-                if grouped:
-                    conn.execute("SAVEPOINT op")
-                try:
-                    outcomes.append((op(conn), None))
-                except Exception as exc:  # the operation's writes are undone; the others' stand
-                    conn.execute("ROLLBACK TO op" if grouped else "ROLLBACK")
-                    if not grouped:
-                        return [(None, exc)]
-                    outcomes.append((None, exc))
-                if grouped:
-                    conn.execute("RELEASE op")
+            values = [op(conn) for op in ops]
             conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+        except Exception as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return [(None, exc)] * len(ops)
         self.transactions += 1
         self.operations += len(ops)
-        return outcomes
+        return [(value, None) for value in values]
 
     async def _read(self, fn: Op[T]) -> T:
         if self._closed:  # (its thread has ended: a job queued now would never be answered)

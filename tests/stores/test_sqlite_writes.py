@@ -122,14 +122,20 @@ async def test_a_failing_write_fails_alone_and_its_group_lands(tmp_path: Path) -
         def broken(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO no_such_table VALUES (1)")
 
+        def half_done(conn: sqlite3.Connection) -> None:  # writes, then fails: its write must not land
+            conn.execute("UPDATE runs SET reason = 'half done' WHERE run_id = 'g0'")
+            raise RuntimeError("gave up half way")
+
         busy = asyncio.ensure_future(store._write(lambda conn: time.sleep(0.2)))  # the writer thread is busy...
         await asyncio.sleep(0.05)
         results = await asyncio.gather(  # ...so these four queue up and are taken as one group
             *(store.commit(lease, 1, [step_row("s", i)], Continue()) for i, lease in enumerate(leases)),
-            store._write(broken), return_exceptions=True)
+            store._write(broken), store._write(half_done), return_exceptions=True)
         await busy
         assert [getattr(r, "revision", None) for r in results[:3]] == [2, 2, 2]
         assert isinstance(results[3], StoreError) and "no_such_table" in str(results[3])
+        assert isinstance(results[4], RuntimeError)
+        assert (await store.get_run("g0")).reason != "half done"
         for i in range(3):
             assert [e.key for e in await store.history(f"g{i}")] == ["", "s"]
     finally:
