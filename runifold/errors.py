@@ -319,9 +319,10 @@ def recordable(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def type_name(exc: BaseException) -> str:
-    """Return the qualified class name of ``exc`` (``module.Class``), as failure events record it."""
-    cls = type(exc)
+def type_name(exc: BaseException | type[BaseException]) -> str:
+    """Return the qualified class name of ``exc`` (an exception or its class: ``module.Class``), as failure events
+    record it."""
+    cls = exc if isinstance(exc, type) else type(exc)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 

@@ -336,9 +336,9 @@ class SqliteWorkflowStore:
         return len(self._leases) <= 1
 
     def _apply(self, conn: sqlite3.Connection, ops: Sequence[Op[Any]], budget: float | None = None) -> list[Outcome]:
-        """Run ``ops`` in one transaction. If one fails, that transaction is rolled back and each op runs again in
-        a transaction of its own, so one that fails fails alone (an op writes only through ``conn``: running it
-        again after a rollback is running it once)."""
+        """Run ``ops`` in one transaction. If it fails (an op raises, or it cannot begin or commit), it is rolled
+        back and each op runs again in a transaction of its own, so one that fails fails alone (an op writes only
+        through ``conn``: running it again after a rollback is running it once)."""
         deadline = time.monotonic() + (self._busy_seconds if budget is None else budget)
         outcomes = self._transaction(conn, ops, deadline)
         if len(ops) > 1 and any(exc is not None for _, exc in outcomes):

@@ -10,7 +10,7 @@ from typing import Any
 
 from runifold._log import get_logger
 
-from runifold.errors import BudgetExceededError, InvalidStateError, RunNotFoundError
+from runifold.errors import BudgetExceededError, InvalidStateError, RunNotFoundError, type_name
 from runifold.history import (
     Ambiguous,
     Checkpoint,
@@ -32,7 +32,7 @@ from runifold.worker._registry import WorkflowRegistry
 
 log = get_logger("runifold.admin")
 #: the error type run_failed records for a run the engine failed on its budget
-_BUDGET_EXCEEDED = f"{BudgetExceededError.__module__}.{BudgetExceededError.__qualname__}"
+_BUDGET_EXCEEDED = type_name(BudgetExceededError)
 
 _UNFINISHED = {RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED}
 
