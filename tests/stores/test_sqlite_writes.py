@@ -123,7 +123,7 @@ async def test_a_failing_write_fails_alone_and_its_group_lands(tmp_path: Path) -
             conn.execute("INSERT INTO no_such_table VALUES (1)")
 
         def half_done(conn: sqlite3.Connection) -> None:  # writes, then fails: its write must not land
-            conn.execute("UPDATE runs SET reason = 'half done' WHERE run_id = 'g0'")
+            assert conn.execute("UPDATE runs SET reason = 'half done' WHERE checkpoint_id = 'g0'").rowcount == 1
             raise RuntimeError("gave up half way")
 
         busy = asyncio.ensure_future(store._write(lambda conn: time.sleep(0.2)))  # the writer thread is busy...
