@@ -706,11 +706,37 @@ class Execution(LiveProgress, Replaying):
         live.lease = await live.store.renew(live.lease, live.lease_seconds)
         live.renewed_at = started
 
-    def _schedule_renewal(self, live: Live) -> None:
-        """Renew the lease when it is next due: a timer, and a task only while a renewal is under way."""
+    async def _hold_lease(self) -> bool:
+        """Before a body starts: make sure this worker still holds the run's lease; False if it does not.
+
+        invariant: a worker starts no body once its lease may have expired. A renewal that is overdue (the
+        worker's loop was blocked, or its process frozen, past when the renewal was due) is made here first,
+        and if the store refuses it nothing starts: another worker may have taken the run over and run that
+        very body already. If the store cannot be reached, the body starts only while the lease, counted from
+        its last renewal, has not run out.
+        """
+        live = self._live
+        if live is None or self._lost is not None:
+            return self._lost is None
+        if time.monotonic() - live.renewed_at < live.renew_every:
+            return True
+        try:
+            await self._renew(live)
+        except LeaseLostError as exc:
+            self._lose(str(exc))
+        except RunifoldError as exc:
+            self.log.warning("lease_renewal_failed", error=str(exc))
+            if time.monotonic() - live.renewed_at >= live.lease_seconds:
+                self._lose(f"the lease ran out while the store could not be reached: {exc}")
+        return self._lost is None
+
+    def _schedule_renewal(self, live: Live, soon: bool = False) -> None:
+        """Renew the lease when it is next due (``soon``: after a failed renewal): a timer, and a task only
+        while a renewal is under way."""
         # invariant: renewals are anchored to the claim (then to the last renewal), not to when this
         # execution started: a claim that waited has used part of its lease already
-        delay = max(0.0, live.renew_every - (time.monotonic() - live.renewed_at))
+        delay = (0.25 * live.renew_every if soon
+                 else max(0.0, live.renew_every - (time.monotonic() - live.renewed_at)))
         # (an empty context: the renewal is no part of workflow code, and logs no run's fields but its own)
         self._renewal_due = asyncio.get_running_loop().call_later(
             delay, self._start_renewal, live, context=contextvars.Context())
@@ -727,7 +753,9 @@ class Execution(LiveProgress, Replaying):
             return
         except RunifoldError as exc:
             self.log.warning("lease_renewal_failed", error=str(exc))
-            live.renewed_at = time.monotonic() - 0.75 * live.renew_every  # try again soon
+            self._renewal = None
+            self._schedule_renewal(live, soon=True)  # (renewed_at stays: the lease runs out from the last renewal)
+            return
         self._renewal = None
         self._schedule_renewal(live)
 

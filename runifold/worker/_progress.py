@@ -126,6 +126,9 @@ class LiveProgress:
     def _next_due(self) -> float | None:
         raise NotImplementedError
 
+    async def _hold_lease(self) -> bool:
+        raise NotImplementedError
+
     @staticmethod
     def _payload(call: Call, payload: Any) -> tuple[Any, BaseException | None]:
         """A signal's payload as the wait's type; one that does not fit is the workflow's error, live and replayed."""
@@ -446,6 +449,8 @@ class LiveProgress:
         would cost loop passes that hold up this run's next commit. Others run as tasks.
         """
         starts, self._starts = [s for s in self._starts if not s.call.cancelled], []
+        if not starts or not await self._hold_lease():
+            return  # (the lease is lost: nothing starts, and the driver stops)
         # invariant: an outcome waiting to be committed or handed over (a timer that fired beside this start,
         # say) means workflow code has more to do meanwhile, so the body must not hold the driver
         loop = self._loop

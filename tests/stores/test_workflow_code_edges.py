@@ -14,6 +14,8 @@ import pytest
 from runifold import (
     Completed,
     Failed,
+    LeaseLost,
+    RetryPolicy,
     Suspended,
     WorkflowContext,
     WorkflowDefinition,
@@ -200,3 +202,37 @@ async def test_a_plain_def_step_cut_short_holds_the_run_until_its_thread_returns
     done = await until_completed(store, definition)
     assert isinstance(done, Completed) and done.output == "gave up", done
     assert "call_cancelled" in [e.event.__struct_config__.tag for e in await entries(store, "t1")]
+
+
+# -- a worker whose loop was held past its lease (found by helper-43) ------------------------------
+
+attempts: list[float] = []
+
+
+@step(retry=RetryPolicy(max_attempts=3, initial=timedelta(0)))
+async def holds_the_loop(seconds: float) -> str:
+    attempts.append(time.monotonic())
+    if len(attempts) == 1:
+        time.sleep(seconds)  # a blocking call in an async body: the worker's loop is held past its lease
+        raise ConnectionError("the provider timed out")
+    return "charged"
+
+
+@workflow("held-loop")
+async def held_loop(ctx: WorkflowContext, seconds: float) -> str:
+    return await holds_the_loop(seconds)
+
+
+async def test_a_worker_held_past_its_lease_starts_no_body(store: Any) -> None:
+    """A worker whose event loop was held (or whose process was frozen) past its lease starts no body when it
+    goes on: its renewal is overdue, so it renews before the next body starts, and the store refuses. Before,
+    the retry (due at once) started in the worker that had lost the run, which on a real deployment another
+    worker had taken over and completed, so a completed step's body ran again."""
+    attempts.clear()
+    await store.enqueue(WorkflowTask("held-loop", 1, {"seconds": 1.2}, checkpoint_id="h1"))
+    definition = WorkflowDefinition(held_loop)
+    lost = await worker(store, definition, lease=0.9).run_once()
+    assert isinstance(lost, LeaseLost), lost
+    assert len(attempts) == 1  # the retry did not start: the lease had run out while the loop was held
+    done = await until_completed(store, definition)  # the next claim takes the run over and replays it
+    assert done.output == "charged" and len(attempts) == 2
