@@ -56,8 +56,9 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
         action = "reads" if readonly else "changes"
         raise UsageError(f"no SQLite store at {path}: `runifold {args.command}` {action} an existing store and never "
                          "creates one; check --store (or RUNIFOLD_STORE), or create it with `runifold migrate`")
-    # read-only: no migration, no WAL switch, nothing written (SQLite; other stores open as usual)
-    return await open_store(args.store, readonly=readonly)
+    # read-only: no migration, no WAL switch, nothing written; and only a command that creates may give a
+    # PostgreSQL database a runifold schema, as only such a command may create a SQLite file
+    return await open_store(args.store, readonly=readonly, create=create)
 
 
 def registry_of(args: argparse.Namespace) -> WorkflowRegistry:

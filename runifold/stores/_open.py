@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, urlsplit
 
-from runifold.errors import ConfigurationError
+from runifold.errors import ConfigurationError, StoreError
 
 if TYPE_CHECKING:
     from runifold.stores._protocol import WorkflowStore
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")
 
 
-async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
+async def open_store(url: str, *, readonly: bool = False, create: bool = True) -> WorkflowStore:
     """Open the store a URL names.
 
     ``sqlite:///relative.db``, ``sqlite:////abs/path.db`` or a plain path ending
@@ -28,11 +29,18 @@ async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
     migrated, and may sit on a read-only file system; a PostgreSQL schema must
     exist at this runifold's version, is never created or migrated, and every
     transaction is read-only. The memory store ignores it.
+
+    ``create=False`` opens only a store that exists: a missing SQLite file, or a
+    PostgreSQL database with no runifold schema, raises :class:`StoreError`
+    instead of being given one (an older schema is migrated).
     """
     sqlite = _sqlite(url)
     if sqlite is not None:
         from runifold.stores.sqlite import SqliteWorkflowStore
 
+        if not create and not os.path.exists(sqlite[0]):
+            raise StoreError(f"no SQLite store at {sqlite[0]}; check the path, or create the store with "
+                             "`runifold migrate` (or start a worker)")
         return await SqliteWorkflowStore.open(sqlite[0], readonly=readonly or sqlite[1])
     if url == "memory:":
         from runifold.stores.memory import MemoryWorkflowStore
@@ -40,7 +48,7 @@ async def open_store(url: str, *, readonly: bool = False) -> WorkflowStore:
         return MemoryWorkflowStore()
     from runifold.stores.postgres import PostgresWorkflowStore
 
-    return await PostgresWorkflowStore.open(url, readonly=readonly)
+    return await PostgresWorkflowStore.open(url, readonly=readonly, create=create)
 
 
 def sqlite_path(url: str) -> str | None:

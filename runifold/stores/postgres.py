@@ -175,6 +175,7 @@ class PostgresWorkflowStore:
         command_timeout: float = 10.0,
         keepalive_seconds: float = 10.0,
         readonly: bool = False,
+        create: bool = True,
     ) -> PostgresWorkflowStore:
         """Connect, then create or migrate the schema (safe when many workers start at once).
 
@@ -192,6 +193,8 @@ class PostgresWorkflowStore:
             readonly: read only: the schema must exist at this runifold's version and
                 is never created or migrated, every transaction is read-only (a role
                 with SELECT rights suffices), and writes raise :class:`StoreError`.
+            create: ``False``: a database with no runifold schema is refused, not given
+                one (for commands that change an existing store); an older schema is migrated.
 
         Raises:
             StoreUnavailableError: the server cannot be reached.
@@ -210,14 +213,17 @@ class PostgresWorkflowStore:
         store = cls(dsn, pool, retry_seconds=retry_seconds, poll_seconds=poll_seconds,
                     command_timeout=command_timeout, keepalive_seconds=keepalive_seconds)
         try:
-            await (store._check_schema() if readonly else store.migrate())
+            if readonly or not create:
+                await store._check_schema(migrating=not readonly)
+            if not readonly:
+                await store.migrate()
         except BaseException:
             await pool.close()
             raise
         return store
 
-    async def _check_schema(self) -> None:
-        """For a read-only store: the schema is there, at the version this runifold writes."""
+    async def _check_schema(self, *, migrating: bool = False) -> None:
+        """The schema is there, at the version this runifold writes (``migrating``: or older, to be migrated)."""
         where = f"PostgreSQL at {_redact(self.dsn)}"
 
         async def version(conn: asyncpg.Connection) -> int:
@@ -231,7 +237,7 @@ class PostgresWorkflowStore:
                              "(or start a worker) with a role that may create tables")
         if current > SCHEMA_VERSION:
             raise newer_schema(where, current, SCHEMA_VERSION)
-        if current < SCHEMA_VERSION:
+        if current < SCHEMA_VERSION and not migrating:
             raise StoreError(f"the runifold schema of {where} is version {current}, older than this runifold's "
                              f"({SCHEMA_VERSION}); run `runifold migrate` (or start a worker) to migrate it")
 

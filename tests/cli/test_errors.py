@@ -89,6 +89,38 @@ def test_read_only_commands_never_create_a_store(cli: Cli) -> None:
     assert not missing.exists()
 
 
+async def test_commands_that_change_a_store_never_give_an_empty_postgres_database_a_schema(cli: Cli) -> None:
+    """On PostgreSQL as on SQLite, only the commands that start runs or workers (and `migrate`) create a store:
+    cancelling, retrying, waking, purging or pausing a schedule in a database with no runifold schema is an error
+    saying so, and the database stays empty (they created the whole schema, then said the run was unknown: a
+    mistyped URL quietly got a runifold schema; found by helper-42)."""
+    import asyncpg
+
+    from tests.conftest import require_postgres
+
+    dsn = require_postgres()
+    name = f"runifold_empty_{os.getpid()}"
+    admin = await asyncpg.connect(dsn)
+    await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+    await admin.execute(f"CREATE DATABASE {name}")
+    empty = f"{dsn.rsplit('/', 1)[0]}/{name}"  # the test server's URL, another database
+    try:
+        for args in (["cancel", "c1", "--reason", "r"], ["retry", "c1", "--reason", "r"], ["wake", "c1"],
+                     ["purge", "--finished-before", "30d"], ["schedule", "pause", "nightly"]):
+            one_line_error(await asyncio.to_thread(cli, *args, "--store", empty), 2, "has no runifold schema",
+                           "runifold migrate")
+        probe = await asyncpg.connect(empty)
+        try:
+            assert await probe.fetchval(
+                "SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'runifold%'") == 0
+        finally:
+            await probe.close()
+        assert (await asyncio.to_thread(cli, "migrate", "--store", empty)).returncode == 0  # migrate creates it
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
 def test_a_worker_refuses_a_store_file_it_cannot_write(cli: Cli) -> None:
     """`runifold worker` on a SQLite file it cannot write exits 2 at start with one line naming the file and what to
     do (it started, and logged slot_error at every claim until stopped); the commands that only read still read it."""

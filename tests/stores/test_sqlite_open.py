@@ -207,3 +207,17 @@ async def test_a_mistyped_store_url_is_refused_saying_which_forms_there_are(tmp_
     store = await open_store("plain.db")  # a plain path ending in .db is a SQLite file, as documented
     await store.close()
     assert (tmp_path / "plain.db").exists()
+
+
+async def test_open_store_with_create_false_opens_only_a_store_that_exists(tmp_path: Path) -> None:
+    """``open_store(url, create=False)`` refuses a missing file, naming it, and creates none; an existing store opens."""
+    missing = tmp_path / "typo.db"
+    with pytest.raises(StoreError, match=f"no SQLite store at {missing}.*runifold migrate"):
+        await open_store(f"sqlite:///{missing}", create=False)
+    assert not missing.exists()
+    await _make(tmp_path / "there.db")
+    store = await open_store(f"sqlite:///{tmp_path / 'there.db'}", create=False)
+    try:
+        assert await store.count_runs() == 1
+    finally:
+        await store.close()
