@@ -752,8 +752,14 @@ def _open_readonly(path: str, busy_seconds: float) -> sqlite3.Connection:
 def _open_error(exc: sqlite3.Error, path: str) -> StoreError:
     if _is_busy(exc):
         return _translate(exc, path)
+    where = os.path.abspath(path)
+    folder = os.path.dirname(where)
+    if not os.path.isdir(folder):
+        return StoreUnavailableError(
+            f"cannot open the SQLite database {where}: the directory {folder} does not exist; create it, "
+            "or check the path (--store, RUNIFOLD_STORE)")
     return StoreUnavailableError(
-        f"cannot open the SQLite database {os.path.abspath(path)} ({_errorname(exc)}: {exc}); check that the path "
+        f"cannot open the SQLite database {where} ({_errorname(exc)}: {exc}); check that the path "
         "exists and is writable, or open it read-only (sqlite:///path?mode=ro) for commands that only read"
     )
 

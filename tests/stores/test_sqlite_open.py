@@ -69,11 +69,13 @@ async def test_read_only_url_opens_read_only(tmp_path: Path) -> None:
 
 
 async def test_an_open_error_names_the_path(tmp_path: Path) -> None:
-    """A database that cannot be created (its folder is missing) gives an error naming the path."""
+    """A database that cannot be created (its folder is missing) gives an error naming the path, and that the
+    folder is what is missing (it said to check that the path exists, or to open it read-only: helper-42)."""
     path = tmp_path / "no-such-folder" / "runifold.db"
     with pytest.raises(StoreUnavailableError) as err:
         await SqliteWorkflowStore.open(str(path))
     assert str(path) in str(err.value)
+    assert f"the directory {path.parent} does not exist" in str(err.value) and "read-only" not in str(err.value)
 
 
 @pytest.fixture
