@@ -41,23 +41,18 @@ async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: 
     """Open the store of ``--store``.
 
     Only commands that start runs or workers (``create``) may bring a new
-    SQLite file into being; every other command refuses a file that does not
-    exist, so a mistyped path is an error, not an empty store. Commands that
-    only read (``readonly``) open a SQLite file read-only.
+    store into being (a SQLite file, or the schema in an empty PostgreSQL
+    database); every other command refuses a store that does not exist, so a
+    mistyped path or URL is an error, not an empty store. Commands that only
+    read (``readonly``) open the store read-only: no migration, nothing written.
     """
     refuse_memory(args)
     try:
-        path = sqlite_path(args.store)
+        sqlite_path(args.store)
     except ConfigurationError as exc:
         raise UsageError(f"--store: {exc}") from None
     if not readonly:
         refuse_readonly(args)
-    if path is not None and not create and not os.path.exists(path):
-        action = "reads" if readonly else "changes"
-        raise UsageError(f"no SQLite store at {path}: `runifold {args.command}` {action} an existing store and never "
-                         "creates one; check --store (or RUNIFOLD_STORE), or create it with `runifold migrate`")
-    # read-only: no migration, no WAL switch, nothing written; and only a command that creates may give a
-    # PostgreSQL database a runifold schema, as only such a command may create a SQLite file
     return await open_store(args.store, readonly=readonly, create=create)
 
 

@@ -30,7 +30,8 @@ async def open_store(url: str, *, readonly: bool = False, create: bool = True) -
     exist at this runifold's version, is never created or migrated, and every
     transaction is read-only. The memory store ignores it.
 
-    ``create=False`` opens only a store that exists: a missing SQLite file, or a
+    ``create=False`` (what every command but those that start runs or workers passes)
+    opens only a store that exists: a missing SQLite file, or a
     PostgreSQL database with no runifold schema, raises :class:`StoreError`
     instead of being given one (an older schema is migrated).
     """
@@ -39,8 +40,9 @@ async def open_store(url: str, *, readonly: bool = False, create: bool = True) -
         from runifold.stores.sqlite import SqliteWorkflowStore
 
         if not create and not os.path.exists(sqlite[0]):
-            raise StoreError(f"no SQLite store at {sqlite[0]}; check the path, or create the store with "
-                             "`runifold migrate` (or start a worker)")
+            raise StoreError(f"no SQLite store at {sqlite[0]}: opened to use an existing store, it never creates one; "
+                             "check the path (--store or RUNIFOLD_STORE on the command line), or create the store "
+                             "with `runifold migrate`")
         return await SqliteWorkflowStore.open(sqlite[0], readonly=readonly or sqlite[1])
     if url == "memory:":
         from runifold.stores.memory import MemoryWorkflowStore
