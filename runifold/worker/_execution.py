@@ -320,10 +320,19 @@ class Execution(LiveProgress, Replaying):
         if self._divergence is not None:
             return []
         try:
-            return self.replayer.visit(key, kind)
+            events = self.replayer.visit(key, kind)
         except NondeterminismError as exc:
             self._divergence = exc
             return []
+        root = self._root
+        if not events and self._recorded_result and root is not None and not root.done():
+            # invariant: a completed run recorded every call its workflow made before it returned (only tasks it
+            # left running may call on after that, unrecorded), so code that makes a new call before returning
+            # no longer ends where the run ended
+            self._divergence = NondeterminismError(
+                key, recorded="the run's completion, with no such call before it", called=f"{kind} call {key}",
+                detail="a call was added, or the code took another path")
+        return events
 
     def _here(self) -> None:
         """Refuse a call made outside workflow code: from a task or thread of another loop, which the driver

@@ -464,6 +464,44 @@ def test_a_task_input_that_cannot_be_recorded_is_refused_with_serialization_erro
         WorkflowTask("odd-values", 1, {"which": value})
 
 
+change: dict[str, str] = {"to": ""}  # how the code of "grows" differs from the code that ran it
+
+
+@workflow("grows")
+async def grows(ctx: WorkflowContext) -> list[int]:
+    branches = [count("a"), count("b")] + ([count("c")] if change["to"] == "a branch" else [])
+    parts = list(await asyncio.gather(*branches))
+    if change["to"] == "a value":
+        ctx.now()
+    if change["to"] == "a step":
+        parts.append(await count("d"))
+
+    async def left_running() -> None:
+        await asyncio.sleep(0)
+        await count("late")  # called after the workflow returned: never started, never recorded
+
+    asyncio.get_running_loop().create_task(left_running())
+    return parts
+
+
+@pytest.mark.parametrize("to, key", [("a branch", "3/count#1"), ("a value", "now#1"), ("a step", "count#1")])
+async def test_code_that_adds_a_call_before_a_completed_run_returned_diverges(store: Any, to: str, key: str) -> None:
+    """A completed run recorded every call its workflow made before it returned, so replaying it against code
+    that makes one more (a gather branch, a ctx.now(), a step before the return) reports where they part; it
+    said "clean" (found by helper-45), while the same change was a divergence on every run not yet finished.
+    A call of a task the workflow left running, made after it returned, is not recorded, and replays clean."""
+    change["to"] = ""
+    await store.enqueue(WorkflowTask("grows", 1, {}, checkpoint_id="g1"))
+    done = await until_completed(store, WorkflowDefinition(grows))
+    registry = WorkflowRegistry(WorkflowDefinition(grows))
+    report = await replay_run(store, registry, "g1")
+    assert report.clean and report.finished and report.result == done.output
+    change["to"] = to
+    report = await replay_run(store, registry, "g1")
+    assert report.divergence is not None and report.divergence.key == key, report.divergence
+    assert "the run's completion" in str(report.divergence)
+
+
 @workflow("bad-result")
 async def bad_result(ctx: WorkflowContext, n: int) -> dict[str, Any]:
     await count("bad-result")
