@@ -223,12 +223,17 @@ class Replayer:
             queue.popleft()
         expected = queue[0] if queue else None
         if expected is not None and expected != key:
-            moved = _in_another_task(key, (k for k in self._kind if k not in self._visited))
+            if recorded_kind is not None:
+                # the key is recorded in this scope too, later: the same calls, made in another order
+                detail = f"calls were reordered: the live run made {expected} before {key}"
+            else:
+                moved = _in_another_task(key, (k for k in self._kind if k not in self._visited))
+                detail = _moved(moved, key) if moved else "a call was removed, renamed, reordered or inserted"
             raise NondeterminismError(
                 expected,
                 recorded=f"{self._kind[expected]} call {expected}",
                 called=f"{kind} call {key}",
-                detail=_moved(moved, key) if moved else "a call was removed, renamed, reordered or inserted",
+                detail=detail,
             )
         if recorded_kind is not None and key not in self._visited:
             self._unvisited -= 1
@@ -250,6 +255,14 @@ class Replayer:
         """
         first = self.first_unvisited()
         return first is None or self._first_seq[first] > self._last_seq[key]
+
+    def added(self, key: str, kind: CallKind, recorded: str) -> NondeterminismError:
+        """The error for a call ``key`` that history does not hold where it holds ``recorded`` instead."""
+        moved = _in_another_task(key, (k for k in self._kind if k not in self._visited))
+        return NondeterminismError(
+            key, recorded=recorded, called=f"{kind} call {key}",
+            detail=_moved(moved, key) if moved else "a call was added, or the code took another path",
+        )
 
     def missing(self, key: str, called: str) -> NondeterminismError:
         """The error for recorded ``key`` that the code did not reach; ``called`` says what it did instead."""

@@ -12,6 +12,8 @@ import asyncio
 from collections import deque
 from typing import Any, assert_never
 
+import msgspec
+
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import (
     EffectFailedError,
@@ -245,7 +247,7 @@ class Replaying:
             return convert(plain, call.returns, what=call.key)
         except SerializationError as exc:
             self._divergence = NondeterminismError(
-                call.key, "a value of another type", f"a call returning {call.returns!r}", str(exc))
+                call.key, f"the value {_clipped(plain)}", f"a call returning {_type_text(call.returns)}", str(exc))
             return None
 
     def _deliver_committed(self) -> None:
@@ -301,3 +303,14 @@ class Replaying:
             waiting = [c.key for c in self._open if not c.future.done()]
             doing = f"the workflow waits for {', '.join(waiting[:3])}" if waiting else "the workflow is blocked"
         return self.replayer.missing(missing, f"no call to it: {doing}")
+
+
+def _clipped(value: Any, limit: int = 80) -> str:
+    """A recorded value as a divergence shows it: its JSON text, cut short."""
+    text = repr(value) if isinstance(value, float) else msgspec.json.encode(value).decode()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _type_text(type_: Any) -> str:
+    """An annotation as code writes it: ``int``, ``list[str]``, ``Order``."""
+    return type_.__name__ if isinstance(type_, type) else repr(type_).replace("typing.", "")

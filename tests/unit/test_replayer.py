@@ -131,3 +131,54 @@ async def test_a_call_that_moved_to_another_task_is_named_in_the_divergence() ->
     assert report.divergence is not None
     assert "the live run made this call as 1/a#1 and the code now makes it as a#1, in another task" in str(
         report.divergence), report.divergence
+
+
+async def test_two_calls_swapped_are_named_a_reorder_not_a_move() -> None:
+    """Two calls of one task made in the other order are a reorder; a call of the same name in a gather branch
+    was taken for the call itself, "moved to another task" (found by helper-45)."""
+
+    @workflow("swaps")
+    async def before(ctx: WorkflowContext) -> list[int]:
+        first, second = await STEPS["a"](1), await STEPS["b"](2)
+        return [first, second, *await asyncio.gather(STEPS["a"](3), STEPS["b"](4))]
+
+    @workflow("swaps")
+    async def after(ctx: WorkflowContext) -> list[int]:
+        second, first = await STEPS["b"](2), await STEPS["a"](1)
+        return [first, second, *await asyncio.gather(STEPS["a"](3), STEPS["b"](4))]
+
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("swaps", 1, {}, checkpoint_id="s1"))
+    assert isinstance(await worker(store, WorkflowDefinition(before)).run_once(), Completed)
+    report = await replay(WorkflowDefinition(after), "s1", await entries(store, "s1"))
+    assert report.divergence is not None and report.divergence.key == "a#1"
+    text = str(report.divergence)
+    assert "calls were reordered: the live run made a#1 before b#1" in text and "another task" not in text, text
+
+
+async def test_a_recorded_value_of_another_type_is_shown_with_the_type_code_now_returns() -> None:
+    """A step whose annotation changed: the divergence shows the recorded value and the type as code writes it
+    (it said "a value of another type" and "<class 'int'>": helper-45)."""
+
+    @step(id="label")
+    async def as_text(i: int) -> str:
+        return f"c{i}"
+
+    @step(id="label")
+    async def as_number(i: int) -> int:
+        return i
+
+    @workflow("retyped")
+    async def old(ctx: WorkflowContext) -> str:
+        return str(await as_text(8))
+
+    @workflow("retyped")
+    async def new(ctx: WorkflowContext) -> str:
+        return str(await as_number(8))
+
+    store = MemoryWorkflowStore()
+    await store.enqueue(WorkflowTask("retyped", 1, {}, checkpoint_id="t1"))
+    assert isinstance(await worker(store, WorkflowDefinition(old)).run_once(), Completed)
+    report = await replay(WorkflowDefinition(new), "t1", await entries(store, "t1"))
+    assert report.divergence is not None and report.divergence.key == "label#1"
+    assert 'history recorded the value "c8", code called a call returning int' in str(report.divergence)
