@@ -126,7 +126,7 @@ def _schedule_info(row: asyncpg.Record) -> ScheduleInfo:
                         row["created_at"], row["updated_at"])
 
 
-def _claim_of(row: asyncpg.Record, owner: str) -> Claim:
+def _claim_of(row: asyncpg.Record, owner: str, sent: float) -> Claim:
     run_id = row["run_id"]
     history = [StoredEvent(*e) for e in zip(row["seqs"], row["ats"], row["types"], row["keys"],
                                              [b.encode() for b in row["bodies"]], strict=True)]
@@ -135,7 +135,7 @@ def _claim_of(row: asyncpg.Record, owner: str) -> Claim:
         row["received"] or (), strict=True)]
     return Claim(run_id, row["checkpoint_id"], row["name"], row["version"],
                  Lease(run_id, owner, row["lease_token"], row["lease_until"]), row["now"], history, inbox,
-                 recoveries=row["recoveries"])
+                 sent=sent, recoveries=row["recoveries"])
 
 
 @final
@@ -347,9 +347,10 @@ class PostgresWorkflowStore:
         """One statement leases a run for each ask (all alike), or as many as are due."""
         ask = asks[0]
         nonce = secrets.token_hex(8)  # the same for every attempt: a retry finds what its first attempt leased
+        sent = time.monotonic()  # (the lease counts from here: see Claim)
         rows = await self._call(lambda conn: conn.fetch(
             Q["claim"], ask.owner, list(ask.names), list(ask.exclude), ask.lease_seconds, nonce, len(asks)))
-        claims: list[Claim | None] = [_claim_of(row, ask.owner) for row in rows]
+        claims: list[Claim | None] = [_claim_of(row, ask.owner, sent) for row in rows]
         return claims + [None] * (len(asks) - len(claims))
 
     def _hand_back(self, claim: Claim | None) -> None:

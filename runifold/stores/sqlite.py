@@ -412,7 +412,7 @@ class SqliteWorkflowStore:
         exclude_json = _json(sorted(exclude)).decode()
 
         def op(conn: sqlite3.Connection) -> Claim | None:
-            now = self._clock()
+            sent, now = time.monotonic(), self._clock()
             until = now + lease_seconds
             row = conn.execute(Q["claim"], numbered((owner, until, now, names_json, exclude_json))).fetchone()
             if row is None:
@@ -420,7 +420,7 @@ class SqliteWorkflowStore:
             run_id, checkpoint_id, name, version, token, recoveries = row
             # invariant: read in the claim's transaction, so the history is the one the lease covers
             return Claim(run_id, checkpoint_id, name, version, Lease(run_id, owner, token, until), now,
-                         _history(conn, run_id), _inbox(conn, run_id), recoveries=recoveries)
+                         _history(conn, run_id), _inbox(conn, run_id), sent=sent, recoveries=recoveries)
 
         claim = await self._write(op, orphan=self._hand_back)
         if claim is not None:

@@ -81,7 +81,7 @@ class Live:
     lease: Lease
     lease_seconds: float
     renew_every: float
-    claimed_at: float  # the worker's monotonic clock when the claim came back
+    claimed_at: float  # the worker's monotonic clock when the claim was sent (Claim.sent)
     store_now: float  # the store's clock at the claim
     recoveries: int
     #: the store's clock when this process can read it directly (the memory store), else None

@@ -197,7 +197,7 @@ class Execution(LiveProgress, Replaying):
         worker_id: str, lease_seconds: float, renew_every: float, registry: WorkflowRegistry | None = None,
     ) -> Execution:
         """An execution of a claimed run."""
-        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries,
+        io = Live(store, claim.lease, lease_seconds, renew_every, claim.sent, claim.now, claim.recoveries,
                   getattr(store, "local_clock", None))
         return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id, registry)
 
@@ -329,9 +329,7 @@ class Execution(LiveProgress, Replaying):
             # invariant: a completed run recorded every call its workflow made before it returned (only tasks it
             # left running may call on after that, unrecorded), so code that makes a new call before returning
             # no longer ends where the run ended
-            self._divergence = NondeterminismError(
-                key, recorded="the run's completion, with no such call before it", called=f"{kind} call {key}",
-                detail="a call was added, or the code took another path")
+            self._divergence = self.replayer.added(key, kind, "the run's completion, with no such call before it")
         return events
 
     def _here(self) -> None:
@@ -733,10 +731,14 @@ class Execution(LiveProgress, Replaying):
             await self._renew(live)
         except LeaseLostError as exc:
             self._lose(str(exc))
+            return False
         except RunifoldError as exc:
             self.log.warning("lease_renewal_failed", error=str(exc))
-            if time.monotonic() - live.renewed_at >= live.lease_seconds:
-                self._lose(f"the lease ran out while the store could not be reached: {exc}")
+        # (a renewal counts from when it was sent: one whose answer came after the lease it granted had run out
+        # grants nothing)
+        if time.monotonic() - live.renewed_at >= live.lease_seconds:
+            self._lose("the lease ran out before a body could start (this worker was held up, or the store "
+                       "could not be reached)")
         return self._lost is None
 
     def _schedule_renewal(self, live: Live, soon: bool = False) -> None:

@@ -449,8 +449,6 @@ class LiveProgress:
         would cost loop passes that hold up this run's next commit. Others run as tasks.
         """
         starts, self._starts = [s for s in self._starts if not s.call.cancelled], []
-        if not starts or not await self._hold_lease():
-            return  # (the lease is lost: nothing starts, and the driver stops)
         # invariant: an outcome waiting to be committed or handed over (a timer that fired beside this start,
         # say) means workflow code has more to do meanwhile, so the body must not hold the driver
         loop = self._loop
@@ -460,6 +458,8 @@ class LiveProgress:
                  and not self._outbox and not loop.has_ready)
         if alone and self._next_due() is None:
             start = starts[0]
+            if not await self._hold_lease():
+                return  # the lease is lost: the body does not start, and the driver stops
             value: Any = None
             exc: BaseException | None = None
             # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
@@ -484,10 +484,23 @@ class LiveProgress:
             # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
             ctx = contextvars.copy_context()
             ctx.run(_KEY.set, start.call.key)
-            task = self._outer.create_task(_body(start.fn, start.args, start.kwargs, start.timeout), context=ctx)
+            task = self._outer.create_task(self._started(start), context=ctx)
             start.call.body = task
             self._bodies.add(task)
             task.add_done_callback(functools.partial(self._body_done, start))
+
+    async def _started(self, start: _Start) -> Any:
+        """Run ``start``'s body once this worker is sure it still holds the lease (see ``_hold_lease``).
+
+        Checked here, as the body starts, not when it is launched: a body's task starts on a later pass of the
+        worker's loop, which a body started before it may hold up past the lease.
+
+        Raises:
+            _NotStarted: the lease is lost; the body did not start.
+        """
+        if not await self._hold_lease():
+            raise _NotStarted()
+        return await _body(start.fn, start.args, start.kwargs, start.timeout)
 
     def _stop_alone(self) -> None:
         """The lease is lost: stop the body the driver awaits itself, as bodies running as tasks are stopped."""
@@ -503,6 +516,8 @@ class LiveProgress:
             exc = asyncio.CancelledError("the body raised CancelledError")
         else:
             exc = task.exception()  # retrieved here: an execution that stops before collecting it records nothing
+            if isinstance(exc, _NotStarted):
+                return  # the lease is lost, and the driver stops: nothing of it is recorded
             if exc is None:
                 value, exc = _outcome(task.result(), None)
         if not self._closing:
@@ -703,6 +718,10 @@ class LiveProgress:
         """The engine fails the run (budget, capability, input): no new body starts; in-flight ones finish."""
         if self._failure is None:
             self._failure = (str(exc), exc, key)
+
+
+class _NotStarted(Exception):
+    """A body did not start: the lease is lost (see ``LiveProgress._started``). Never reaches workflow code."""
 
 
 class _Raised(NamedTuple):

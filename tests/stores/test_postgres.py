@@ -325,3 +325,38 @@ async def test_postgres_schema_is_made_again_after_its_tables_were_dropped(open_
         assert (await again.get_run(run_id)).status is RunStatus.READY
     finally:
         await again.close()
+
+
+async def test_postgres_a_claim_whose_answer_came_late_is_renewed_before_anything_runs(open_store: Any) -> None:
+    """A claim's lease counts from when the claim was sent: one whose answer arrived after its lease ran out
+    (a slow network, a frozen worker) starts no body. It counted from the answer, so the worker ran the step
+    without renewing, while another worker could hold the run (found by helper-44 through a delaying proxy)."""
+    from runifold import LeaseLost, WorkflowContext, WorkflowDefinition, step, workflow
+    from tests.support import worker
+
+    ran: list[str] = []
+
+    @step()
+    async def charge(order: str) -> str:
+        ran.append(order)
+        return order
+
+    @workflow("late-claim")
+    async def late_claim(ctx: WorkflowContext, order: str) -> str:
+        return await charge(order)
+
+    store = await open_store()
+    await store.enqueue(WorkflowTask("late-claim", 1, {"order": "o1"}))
+    real_call, delayed = store._call, [False]
+
+    async def answer_late(op: Any, **kwargs: Any) -> Any:
+        value = await real_call(op, **kwargs)
+        if not delayed[0]:
+            delayed[0] = True  # the claim, the first statement of run_once: its answer comes 1.2 s late
+            await asyncio.sleep(1.2)
+        return value
+
+    store._call = answer_late
+    outcome = await worker(store, WorkflowDefinition(late_claim), lease=0.9).run_once()
+    assert delayed[0] and isinstance(outcome, LeaseLost), outcome
+    assert ran == []  # refused at the renewal before the run started

@@ -236,3 +236,36 @@ async def test_a_worker_held_past_its_lease_starts_no_body(store: Any) -> None:
     assert len(attempts) == 1  # the retry did not start: the lease had run out while the loop was held
     done = await until_completed(store, definition)  # the next claim takes the run over and replays it
     assert done.output == "charged" and len(attempts) == 2
+
+
+@step()
+async def after_it(order: str) -> str:
+    attempts.append(-time.monotonic())
+    return f"notified {order}"
+
+
+@step()
+async def holds_once(seconds: float) -> str:
+    attempts.append(time.monotonic())
+    if len(attempts) == 1:
+        time.sleep(seconds)  # holds the loop: the body beside it starts on a later pass, past the lease
+    return "held"
+
+
+@workflow("held-gather")
+async def held_gather(ctx: WorkflowContext, seconds: float) -> list[str]:
+    return list(await asyncio.gather(holds_once(seconds), after_it("o1")))
+
+
+async def test_a_body_that_starts_after_a_sibling_held_the_loop_past_the_lease_does_not_start(store: Any) -> None:
+    """Bodies started together run as tasks, which start on a later pass of the worker's loop: the lease is
+    checked as each starts, so one whose sibling held the loop past the lease does not start (it was checked
+    once for both, and ran in the worker that had lost the run: found by helper-44)."""
+    attempts.clear()
+    await store.enqueue(WorkflowTask("held-gather", 1, {"seconds": 1.2}, checkpoint_id="hg1"))
+    definition = WorkflowDefinition(held_gather)
+    lost = await worker(store, definition, lease=0.9).run_once()
+    assert isinstance(lost, LeaseLost), lost
+    assert len(attempts) == 1 and attempts[0] > 0  # only the body that held the loop had started
+    done = await until_completed(store, definition)
+    assert done.output == ["held", "notified o1"] and sum(1 for a in attempts if a < 0) == 1
