@@ -249,8 +249,10 @@ async def runs_show(args: argparse.Namespace) -> int:
     out += [f"  {printable(key):<28} {compact(value)}" for key, value in checkpoint.outputs.items()]
     out += [f"waiting     {wait.kind} {printable(wait.key)} {printable(wait.signal or '')} until {when(wait.until)}"
             for wait in checkpoint.waits]
+    why = ("the run finished without a wait taking it" if info.status.finished
+           else "no wait of the workflow's has taken it yet")
     out += [f"signal      {printable(a.name)} from {printable(a.sender)} at {when(a.at)}: received, not consumed "
-            "(no wait of the workflow's has taken it yet)" for a in unconsumed]
+            f"({why})" for a in unconsumed]
     for key, state in checkpoint.pending_effects.items():
         idempotency_key, attempts = effect_attempts([e.event for e in entries if e.event.key == key])
         out.append(f"effect      {printable(key)} is {state} (attempt {attempts}, idempotency key "
@@ -325,6 +327,9 @@ async def replay_cmd(args: argparse.Namespace) -> int:
         raise UsageError("give a RUN to replay, or --all")
     if args.all and args.run:
         raise UsageError(f"give a RUN to replay or --all, not both (got {args.run!r} and --all)")
+    if args.name is not None and not args.all:
+        raise UsageError(f"--name picks the runs of --all; a RUN is replayed whatever its workflow (drop --name, "
+                         f"or replay --all --name {args.name})")
     store = await store_of(args, readonly=True)
     try:
         if args.all:

@@ -90,6 +90,10 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     assert all(r["reason"] == "ship it" for r in records)
     history = cli("history", "g1")
     assert "signal_received" in history.stdout and '"sender":"alice"' in history.stdout
+    # one that came after the run finished is kept, and shown as never to be taken (it read "not yet": helper-45)
+    late = [*args[:6], "s2", *args[7:]]
+    assert cli(*late, "--key-file", alice, "--keys", alice).returncode == 0
+    assert "received, not consumed (the run finished without a wait taking it)" in cli("runs", "show", "g1").stdout
     # an attempt against a reference that names no run is kept, and audit finds it by that reference
     ghost = cli("signal", "ghost-order", "approval", "--signal-id", "s9", "--as", "alice", "--reason", "lost?",
                 "--key-file", alice, "--keys", alice)
