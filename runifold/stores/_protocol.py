@@ -195,10 +195,11 @@ class InboxSignal(msgspec.Struct, frozen=True):
 class Claim(msgspec.Struct, frozen=True):
     """What a worker gets when it claims a run.
 
-    ``now`` is the store's clock at the claim; ``sent`` the worker's monotonic clock when the claim was
-    sent, no later than when the store granted the lease: the worker counts the lease from then, so a claim
+    ``now`` is the store's clock at the claim; ``received`` the worker's monotonic clock when the claim
+    came back (no earlier than ``now`` was read: the worker's estimate of the store's clock counts from it,
+    so it is never ahead); ``sent`` the worker's monotonic clock when the claim was sent, no later than when
+    the store granted the lease (None: ``received``). The worker counts the lease from ``sent``, so a claim
     whose answer came late (a slow network, a frozen process) is renewed before anything of it runs.
-    A store whose claim runs in the calling process may leave it to its default, the time the Claim is made.
     """
 
     run_id: str
@@ -209,7 +210,8 @@ class Claim(msgspec.Struct, frozen=True):
     now: float
     history: list[StoredEvent]
     inbox: list[InboxSignal]
-    sent: float = msgspec.field(default_factory=time.monotonic)
+    received: float = msgspec.field(default_factory=time.monotonic)
+    sent: float | None = None
     #: how many times a claim took this run over from a worker whose lease had expired
     recoveries: int = 0
 

@@ -81,12 +81,13 @@ class Live:
     lease: Lease
     lease_seconds: float
     renew_every: float
-    claimed_at: float  # the worker's monotonic clock when the claim was sent (Claim.sent)
+    claimed_at: float  # the worker's monotonic clock when the claim came back (Claim.received): see store_now
     store_now: float  # the store's clock at the claim
     recoveries: int
     #: the store's clock when this process can read it directly (the memory store), else None
     local_clock: Callable[[], float] | None = None
-    renewed_at: float = 0.0  # the worker's monotonic clock at the lease's last renewal (or claim)
+    #: the worker's monotonic clock when the lease's last renewal (or the claim) was sent: the lease counts from it
+    renewed_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.renewed_at = self.claimed_at

@@ -197,8 +197,9 @@ class Execution(LiveProgress, Replaying):
         worker_id: str, lease_seconds: float, renew_every: float, registry: WorkflowRegistry | None = None,
     ) -> Execution:
         """An execution of a claimed run."""
-        io = Live(store, claim.lease, lease_seconds, renew_every, claim.sent, claim.now, claim.recoveries,
+        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries,
                   getattr(store, "local_clock", None))
+        io.renewed_at = claim.received if claim.sent is None else min(claim.sent, claim.received)
         return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id, registry)
 
     # -- what WorkflowContext and the decorators call (the Driver protocol) ---------------
@@ -378,7 +379,7 @@ class Execution(LiveProgress, Replaying):
         """
         assert self._live is not None
         live = self._live
-        if time.monotonic() - live.claimed_at >= live.renew_every:
+        if time.monotonic() - live.renewed_at >= live.renew_every:
             # the claim waited (behind a busy event loop, a slow start): another worker may hold the run by
             # now, so renew before anything of it runs, or run nothing
             try:
