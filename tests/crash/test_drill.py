@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from runifold import WorkflowTask, open_store
 from tests.crash.conftest import ROOT, CrashEnv
@@ -39,11 +40,14 @@ async def test_a_drill_stopped_by_sigterm_stops_its_workers_and_purges_its_runs(
                              stderr=subprocess.PIPE, text=True)
     store = await open_store(crash_env.url)
     try:
-        while not [r for r in await store.list_runs() if (r.checkpoint_id or "").startswith("drill-")]:
+        # (its first step enqueues before any worker starts: wait for both, or a loaded machine reads between them)
+        deadline = time.monotonic() + 60
+        while not ([r for r in await store.list_runs() if (r.checkpoint_id or "").startswith("drill-")]
+                   and _children(drill.pid)):
             assert drill.poll() is None, drill.communicate()
+            assert time.monotonic() < deadline, "the drill started no worker process"
             await asyncio.sleep(0.05)
         workers = _children(drill.pid)
-        assert workers, "the drill started no worker process"
         drill.send_signal(signal.SIGTERM)
         _, err = drill.communicate(timeout=60)
         assert drill.returncode == 143, err
