@@ -191,7 +191,9 @@ async def resolve_cmd(args: argparse.Namespace) -> int:
         resolution, output = (Resolution.RETRY if args.retry else Resolution.FAIL), None
     store = await store_of(args)
     try:
-        result = await resolve_effect(store, registry_of(args), args.run, args.effect, resolution, by=args.by,
+        # (only an APPLIED output is checked against the code)
+        registry = registry_of(args) if resolution is Resolution.APPLIED else None
+        result = await resolve_effect(store, registry, args.run, args.effect, resolution, by=args.by,
                                       reason=args.reason, output=output)
     finally:
         await store.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 from runifold._log import get_logger
 
-from runifold.errors import BudgetExceededError, InvalidStateError, RunNotFoundError, type_name
+from runifold.errors import BudgetExceededError, ConfigurationError, InvalidStateError, RunNotFoundError, type_name
 from runifold.history import (
     Ambiguous,
     Checkpoint,
@@ -43,7 +43,7 @@ async def _history(store: WorkflowStore, run_ref: str) -> list[Entry]:
 
 async def resolve_effect(
     store: WorkflowStore,
-    registry: WorkflowRegistry,
+    registry: WorkflowRegistry | None,
     run_ref: str,
     key: str,
     resolution: Resolution,
@@ -57,7 +57,8 @@ async def resolve_effect(
     Args:
         registry: the workflows' code: an ``APPLIED`` output is checked against the
             effect's annotated return type (by replaying the run), so a resolution
-            can never leave the run unable to continue.
+            can never leave the run unable to continue. ``RETRY`` and ``FAIL`` need
+            no code (None).
         run_ref: run id or checkpoint id.
         key: the effect's key as the history shows it (e.g. ``charge_card#1``).
         resolution: ``APPLIED`` (with ``output``, what the effect returned),
@@ -71,7 +72,11 @@ async def resolve_effect(
             run's history does not replay against the registered code.
         SerializationError: ``output`` does not fit the effect's return type.
         UnknownWorkflowError: the registry lacks the run's ``(name, version)``.
+        ConfigurationError: ``APPLIED`` without a registry.
     """
+    if resolution is Resolution.APPLIED and registry is None:
+        raise ConfigurationError("resolving an effect as APPLIED needs the registry: its output is checked against "
+                                 "the effect's annotated return type")
     if not by or not reason:
         raise InvalidStateError("resolving an effect needs `by` (who) and `reason` (why); both go into the history")
     info = await store.get_run(run_ref)
@@ -87,6 +92,7 @@ async def resolve_effect(
         )
     plain = None
     if resolution is Resolution.APPLIED:
+        assert registry is not None
         definition = registry.definition_for(info.name, info.version)
         returns = await call_returns(definition, info.run_id, history, key)
         plain, _ = accept(output, returns, what=f"the resolution of effect {key}")
