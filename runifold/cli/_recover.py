@@ -133,6 +133,9 @@ def cutoff(text: str, now: float) -> float:
                          "(2026-01-31 or 2026-01-31T12:00:00Z)") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    if moment.timestamp() > now:
+        raise UsageError(f"--finished-before {text!r} is in the future, which would purge every finished run; "
+                         "give a date or time that has passed, or an age (30d)")
     return moment.timestamp()
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -239,9 +241,12 @@ async def test_purge_deletes_runs_finished_before_a_time_in_batches(cli: Cli) ->
         refused = cli("purge", "--finished-before", vast)
         assert refused.returncode == 2 and "reaches back before 1970" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1
+    future = cli("purge", "--finished-before", "2999-01-01")  # as an age of zero: it purged every finished run
+    assert future.returncode == 2 and "is in the future" in future.stderr, future.stderr  # (helper-46)
     assert len(json.loads(cli("runs", "list", "--json").stdout)["runs"]) == 6
-    purged = cli("purge", "--finished-before", "2999-01-01", "--batch", "2", "--json")
-    assert json.loads(purged.stdout) == {"purged": 5, "finished_before": 32472144000.0}  # 2999-01-01, as stored
+    await asyncio.sleep(1.1)
+    purged = json.loads(cli("purge", "--finished-before", "1s", "--batch", "2", "--json").stdout)
+    assert purged["purged"] == 5 and purged["finished_before"] <= time.time() - 1, purged
     remaining = json.loads(cli("runs", "list", "--json").stdout)
     assert [r["checkpoint_id"] for r in remaining["runs"]] == ["open"]
 
