@@ -467,8 +467,17 @@ def test_a_task_input_that_cannot_be_recorded_is_refused_with_serialization_erro
 change: dict[str, str] = {"to": ""}  # how the code of "grows" differs from the code that ran it
 
 
+@step()
+async def outlives(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "outlived"
+
+
 @workflow("grows")
 async def grows(ctx: WorkflowContext) -> list[int]:
+    # a task never awaited, whose step is still running when the workflow returns: the run waits for the body,
+    # so the call is recorded, and it replays clean
+    asyncio.get_running_loop().create_task(outlives(0.2))
     branches = [count("a"), count("b")] + ([count("c")] if change["to"] == "a branch" else [])
     parts = list(await asyncio.gather(*branches))
     if change["to"] == "a value":
@@ -484,7 +493,7 @@ async def grows(ctx: WorkflowContext) -> list[int]:
     return parts
 
 
-@pytest.mark.parametrize("to, key", [("a branch", "3/count#1"), ("a value", "now#1"), ("a step", "count#1")])
+@pytest.mark.parametrize("to, key", [("a branch", "4/count#1"), ("a value", "now#1"), ("a step", "count#1")])
 async def test_code_that_adds_a_call_before_a_completed_run_returned_diverges(store: Any, to: str, key: str) -> None:
     """A completed run recorded every call its workflow made before it returned, so replaying it against code
     that makes one more (a gather branch, a ctx.now(), a step before the return) reports where they part; it
@@ -494,6 +503,7 @@ async def test_code_that_adds_a_call_before_a_completed_run_returned_diverges(st
     await store.enqueue(WorkflowTask("grows", 1, {}, checkpoint_id="g1"))
     done = await until_completed(store, WorkflowDefinition(grows))
     registry = WorkflowRegistry(WorkflowDefinition(grows))
+    assert "1/outlives#1" in [e.event.key for e in await entries(store, "g1")]  # waited for, so recorded
     report = await replay_run(store, registry, "g1")
     assert report.clean and report.finished and report.result == done.output
     change["to"] = to
