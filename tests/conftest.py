@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -38,6 +39,21 @@ async def reset_postgres(dsn: str) -> None:
                                "runifold_schedules")
     finally:
         await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def empty_postgres_database(dsn: str, name: str) -> AsyncIterator[str]:
+    """A new, empty database ``name`` on the test server, dropped after: its URL."""
+    import asyncpg
+
+    admin = await asyncpg.connect(dsn)
+    try:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name}")
+        await admin.execute(f"CREATE DATABASE {name}")
+        yield f"{dsn.rsplit('/', 1)[0]}/{name}"  # the test server's URL, another database
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
 
 
 StoreFactory = Callable[..., Awaitable[Any]]

@@ -97,15 +97,9 @@ async def test_commands_that_change_a_store_never_give_an_empty_postgres_databas
     mistyped URL quietly got a runifold schema; found by helper-42)."""
     import asyncpg
 
-    from tests.conftest import require_postgres
+    from tests.conftest import empty_postgres_database, require_postgres
 
-    dsn = require_postgres()
-    name = f"runifold_empty_{os.getpid()}"
-    admin = await asyncpg.connect(dsn)
-    await admin.execute(f"DROP DATABASE IF EXISTS {name}")
-    await admin.execute(f"CREATE DATABASE {name}")
-    empty = f"{dsn.rsplit('/', 1)[0]}/{name}"  # the test server's URL, another database
-    try:
+    async with empty_postgres_database(require_postgres(), f"runifold_empty_{os.getpid()}") as empty:
         for args in (["cancel", "c1", "--reason", "r"], ["retry", "c1", "--reason", "r"], ["wake", "c1"],
                      ["purge", "--finished-before", "30d"], ["schedule", "pause", "nightly"]):
             one_line_error(await asyncio.to_thread(cli, *args, "--store", empty), 2, "has no runifold schema",
@@ -117,9 +111,6 @@ async def test_commands_that_change_a_store_never_give_an_empty_postgres_databas
         finally:
             await probe.close()
         assert (await asyncio.to_thread(cli, "migrate", "--store", empty)).returncode == 0  # migrate creates it
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
 
 
 def test_a_worker_refuses_a_store_file_it_cannot_write(cli: Cli) -> None:

@@ -214,6 +214,7 @@ async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_wri
 
     from runifold.errors import StoreError
     from runifold.stores import open_store as open_url
+    from tests.conftest import empty_postgres_database
     from runifold.stores import postgres
 
     store = await open_store()
@@ -238,12 +239,7 @@ async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_wri
         await forced.close()
 
     # an empty database: refused, and left empty; a schema behind this runifold's: refused, left as it is
-    name = f"runifold_readonly_{os.getpid()}"
-    admin = await asyncpg.connect(dsn)
-    await admin.execute(f"DROP DATABASE IF EXISTS {name}")
-    await admin.execute(f"CREATE DATABASE {name}")
-    empty = f"{dsn.rsplit('/', 1)[0]}/{name}"  # the test server's URL, another database
-    try:
+    async with empty_postgres_database(dsn, f"runifold_readonly_{os.getpid()}") as empty:
         with pytest.raises(StoreError, match="has no runifold schema.*runifold migrate"):
             await open_url(empty, readonly=True)
         probe = await asyncpg.connect(empty)
@@ -260,9 +256,6 @@ async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_wri
             with pytest.raises(StoreError, match=f"version {behind}, newer"):
                 await open_url(empty, readonly=readonly)
         await probe.close()
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
 
 
 async def test_a_role_that_may_only_read_gets_an_error_that_says_so(open_store: Any) -> None:
