@@ -227,8 +227,7 @@ class Replayer:
                 # the key is recorded in this scope too, later: the same calls, made in another order
                 detail = f"calls were reordered: the live run made {expected} before {key}"
             else:
-                moved = _in_another_task(key, (k for k in self._kind if k not in self._visited))
-                detail = _moved(moved, key) if moved else "a call was removed, renamed, reordered or inserted"
+                detail = self._new_call_hint(key, "a call was removed, renamed, reordered or inserted")
             raise NondeterminismError(
                 expected,
                 recorded=f"{self._kind[expected]} call {expected}",
@@ -258,11 +257,13 @@ class Replayer:
 
     def added(self, key: str, kind: CallKind, recorded: str) -> NondeterminismError:
         """The error for a call ``key`` that history does not hold where it holds ``recorded`` instead."""
+        return NondeterminismError(key, recorded=recorded, called=f"{kind} call {key}",
+                                   detail=self._new_call_hint(key, "a call was added, or the code took another path"))
+
+    def _new_call_hint(self, key: str, otherwise: str) -> str:
+        """Why the code made ``key``, which history lacks: a recorded call it is in another task, if any."""
         moved = _in_another_task(key, (k for k in self._kind if k not in self._visited))
-        return NondeterminismError(
-            key, recorded=recorded, called=f"{kind} call {key}",
-            detail=_moved(moved, key) if moved else "a call was added, or the code took another path",
-        )
+        return _moved(moved, key) if moved else otherwise
 
     def missing(self, key: str, called: str) -> NondeterminismError:
         """The error for recorded ``key`` that the code did not reach; ``called`` says what it did instead."""
