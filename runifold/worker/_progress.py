@@ -9,11 +9,8 @@ code sees the outcome) or in the buffer (recorded with the next commit). See
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import functools
-import inspect
-import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, assert_never
@@ -62,6 +59,7 @@ from runifold.history import (
     record,
 )
 from runifold.stores import EnqueueResult, InboxSignal, WorkflowTask
+from runifold.worker._bodies import body_outcome, is_async, run_body
 from runifold.worker._call import Call, Live, Usage
 from runifold.worker._loop import WorkflowLoop
 
@@ -454,7 +452,7 @@ class LiveProgress:
         loop = self._loop
         # (a plain def body always runs as a task: cancelled, it waits for its thread, which a stopping worker's
         # cancellation of the driver must not)
-        alone = (len(starts) == 1 and _is_async(starts[0].fn) and not self._bodies and not self._resolutions
+        alone = (len(starts) == 1 and is_async(starts[0].fn) and not self._bodies and not self._resolutions
                  and not self._outbox and not loop.has_ready)
         if alone and self._next_due() is None:
             start = starts[0]
@@ -466,7 +464,7 @@ class LiveProgress:
             bound = _KEY.set(start.call.key)
             self._alone = task = asyncio.current_task()
             try:
-                value = await _body(start.fn, start.args, start.kwargs, start.timeout)
+                value = await run_body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
                 if task is not None and task.cancelling():
                     if self._lost is None or task.uncancel() > 0:
@@ -478,7 +476,7 @@ class LiveProgress:
             finally:
                 self._alone = None
                 _KEY.reset(bound)
-            self._finished.append((start.call, *_outcome(value, exc), start.what))
+            self._finished.append((start.call, *body_outcome(value, exc), start.what))
             return
         for start in starts:
             # invariant: bodies run without a binding: steps they call run plainly, ctx calls refuse
@@ -500,7 +498,7 @@ class LiveProgress:
         """
         if not await self._hold_lease():
             raise _NotStarted()
-        return await _body(start.fn, start.args, start.kwargs, start.timeout)
+        return await run_body(start.fn, start.args, start.kwargs, start.timeout)
 
     def _stop_alone(self) -> None:
         """The lease is lost: stop the body the driver awaits itself, as bodies running as tasks are stopped."""
@@ -519,7 +517,7 @@ class LiveProgress:
             if isinstance(exc, _NotStarted):
                 return  # the lease is lost, and the driver stops: nothing of it is recorded
             if exc is None:
-                value, exc = _outcome(task.result(), None)
+                value, exc = body_outcome(task.result(), None)
         if not self._closing:
             self._finished.append((start.call, value, exc, start.what))
             self._wake_up()
@@ -722,96 +720,3 @@ class LiveProgress:
 
 class _NotStarted(Exception):
     """A body did not start: the lease is lost (see ``LiveProgress._started``). Never reaches workflow code."""
-
-
-class _Raised(NamedTuple):
-    """What a body that raised a BaseException other than CancelledError returns instead (see :func:`_body`)."""
-
-    exc: BaseException
-
-
-def _outcome(value: Any, exc: BaseException | None) -> tuple[Any, BaseException | None]:
-    """A body's ``(value, exception)``, with what :func:`_body` caught as the exception."""
-    return (None, value.exc) if type(value) is _Raised else (value, exc)
-
-
-async def _body(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], timeout: float | None) -> Any:
-    """Run one body: a coroutine function on this loop, a plain function in a worker thread.
-
-    A BaseException it raises other than CancelledError (``sys.exit`` in a library, ``KeyboardInterrupt``, one of
-    its own) is returned as :class:`_Raised`: it fails the attempt like any exception, and never reaches the
-    worker's loop (asyncio lets SystemExit and KeyboardInterrupt out of a task, which would end the worker).
-    """
-    try:
-        if timeout is None:
-            if _is_async(fn):
-                return await fn(*args, **kwargs)
-            return await _call(fn, args, kwargs)
-        try:
-            async with asyncio.timeout(timeout):
-                return await _call(fn, args, kwargs)
-        except TimeoutError as exc:
-            if str(exc):
-                raise  # the body's own timeout, with its own message
-            raise TimeoutError(f"the attempt took longer than its timeout of {timeout:g} s") from None
-    except (Exception, asyncio.CancelledError):
-        raise
-    except BaseException as exc:
-        return _Raised(exc)
-
-
-async def _call(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if _is_async(fn):
-        return await fn(*args, **kwargs)
-    # in this context, as asyncio.to_thread runs it (log lines carry the run id and the key)
-    body = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-    thread = asyncio.get_running_loop().run_in_executor(_BODY_THREADS, body)
-    try:
-        return await asyncio.shield(thread)
-    except asyncio.CancelledError as cancelled:
-        # invariant: a thread cannot be interrupted, so a cancelled body (workflow code stopped waiting for it, its
-        # timeout passed) stays in flight until its thread returns, and its result is dropped: the run neither
-        # suspends nor finishes meanwhile. Halted (the execution stops), or cancelled again, it lets the thread go
-        if not thread.done() and cancelled.args != (HALT,):
-            await asyncio.wait([thread])
-        raise
-
-
-#: the message of the cancellation that halts a body because its execution stops (the worker stops, the lease is lost)
-HALT = "runifold: the execution stops"
-
-
-class _DaemonThreads(concurrent.futures.Executor):
-    """Runs each plain ``def`` body in a daemon thread of its own.
-
-    A thread cannot be interrupted: when a worker stops (its grace period over, or a second signal), it
-    releases the run and stops waiting for the body, and the process may exit without waiting for the
-    thread either, as it would have to for asyncio's default executor.
-    """
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
-
-        def run() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # handed to the awaiting body, as a thread pool would
-                future.set_exception(exc)
-
-        threading.Thread(target=run, name="runifold-body", daemon=True).start()
-        return future
-
-
-_BODY_THREADS = _DaemonThreads()
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is a coroutine function (remembered on plain functions: a step's body is asked once per call)."""
-    known = getattr(fn, "__runifold_is_async__", None)
-    if known is None:
-        known = inspect.iscoroutinefunction(fn)
-        if inspect.isfunction(fn):
-            fn.__runifold_is_async__ = known  # type: ignore[attr-defined]
-    return bool(known)

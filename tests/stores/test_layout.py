@@ -10,10 +10,10 @@ from runifold.stores import _sql
 STORES = Path(__file__).resolve().parents[2] / "runifold" / "stores"
 
 
-def test_no_store_module_is_over_800_lines() -> None:
-    """Every module of runifold/stores is at most 800 lines."""
-    sizes = {p.name: len(p.read_text().splitlines()) for p in STORES.glob("*.py")}
-    assert max(sizes.values()) <= 800, sizes
+def test_no_module_is_over_800_lines() -> None:
+    """Every module of the package (the stores' and all others) is at most 800 lines."""
+    sizes = {str(p.relative_to(STORES.parent)): len(p.read_text().splitlines()) for p in STORES.parent.rglob("*.py")}
+    assert len(sizes) > 50 and max(sizes.values()) <= 800, {name: n for name, n in sizes.items() if n > 800}
 
 
 def test_each_store_keeps_one_baseline_schema_and_uses_every_named_query() -> None:
