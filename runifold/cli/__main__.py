@@ -178,6 +178,49 @@ def _open_standard_streams() -> None:
             setattr(sys, name, open(fd, "r" if name == "stdin" else "w", encoding="utf-8", errors="backslashreplace"))
 
 
+def _command_parser(parser: argparse.ArgumentParser, words: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser of the (sub)command the first of ``words`` names (``runs list``: the deepest one named)."""
+    for word in words:
+        chosen = next((a.choices[word] for a in parser._actions
+                       if isinstance(a, argparse._SubParsersAction) and word in a.choices), None)
+        if chosen is None:
+            break
+        parser = chosen
+    return parser
+
+
+def _misplaced_flag(parser: argparse.ArgumentParser,
+                    arguments: Sequence[str]) -> tuple[argparse.ArgumentParser, str] | None:
+    """A flag before the command that runifold itself does not take: the command's parser and what to say.
+
+    argparse would take such a flag's value (``runifold --lease 3 worker``) for the command's name and report an
+    invalid command instead of the flag."""
+    top = {o: a for a in parser._actions for o in a.option_strings}
+    commands = {name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
+    flag: str | None = None
+    expects_value = False
+    for i, argument in enumerate(arguments):
+        if expects_value:
+            expects_value = False
+            continue
+        if argument == "--":
+            return None
+        if argument in commands:
+            if flag is None:
+                return None
+            command = _command_parser(parser, arguments[i:])
+            if flag in command._option_string_actions:
+                return command, f"{flag} is a flag of the command: give it after `{command.prog}`"
+            return command, f"unrecognized arguments: {flag}"
+        name = argument.split("=", 1)[0]
+        action = top.get(name)
+        if action is not None:
+            expects_value = action.nargs != 0 and "=" not in argument
+        elif flag is None and name.startswith("-"):
+            flag = name
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _open_standard_streams()
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -187,6 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     parser = build_parser()
     try:
+        misplaced = _misplaced_flag(parser, arguments)
+        if misplaced is not None:
+            misplaced[0].error(misplaced[1])
         args, unknown = parser.parse_known_args(arguments)
         if unknown:  # blamed on the command that took the others, pointing at its --help
             _parser_of(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")

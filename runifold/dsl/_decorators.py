@@ -64,7 +64,7 @@ def _may_be_context(annotation: Any) -> bool:
 def _check_id(value: str, what: str) -> str:
     if not isinstance(value, str) or not _ID.match(value):
         raise ConfigurationError(
-            f"{what} id {value!r} is invalid; use letters, digits, '_', '.', '-', starting with a letter"
+            f"{what} id {value!r} is invalid; use letters, digits, '_', '.', '-', starting with a letter or '_'"
         )
     return value
 

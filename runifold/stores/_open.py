@@ -41,8 +41,8 @@ async def open_store(url: str, *, readonly: bool = False, create: bool = True) -
 
         if not create and not os.path.exists(sqlite[0]):
             raise StoreError(f"no SQLite store at {sqlite[0]}: opened to use an existing store, it never creates one; "
-                             "check the path (--store or RUNIFOLD_STORE on the command line), or create the store "
-                             "with `runifold migrate`")
+                             "check the path, or create the store first (`runifold migrate`, or open_store(url) "
+                             "with create=True)")
         return await SqliteWorkflowStore.open(sqlite[0], readonly=readonly or sqlite[1])
     if url == "memory:":
         from runifold.stores.memory import MemoryWorkflowStore

@@ -177,6 +177,21 @@ def test_an_unknown_flag_after_a_command_is_blamed_on_that_command(cli: Cli) -> 
                    "runifold runs list: error: unrecognized arguments: --stauts failed (see `runifold runs list --help`)")
 
 
+def test_a_commands_flag_before_the_command_is_named_and_blamed_on_that_command(cli: Cli) -> None:
+    """`runifold --keys k.json keys list` said `invalid choice: 'k.json'` (argparse took the flag's value for the
+    command), naming neither the flag nor where it belongs (helper-47)."""
+    one_line_error(cli("--keys", "k.json", "keys", "list"), 2,
+                   "runifold keys list: error: --keys is a flag of the command: give it after `runifold keys list` "
+                   "(see `runifold keys list --help`)")
+    one_line_error(cli("--lease=3", "worker"), 2, "runifold worker: error: --lease is a flag of the command")
+    one_line_error(cli("--concurency", "8", "worker"), 2,
+                   "runifold worker: error: unrecognized arguments: --concurency (see `runifold worker --help`)")
+    one_line_error(cli("--stauts", "runs", "list"), 2, "runifold runs list: error: unrecognized arguments: --stauts")
+    # the shared flags, with their values, still go before the command
+    assert cli("migrate").returncode == 0
+    assert json.loads(cli("--json", "--log-level", "warning", "runs", "list").stdout)["runs"] == []
+
+
 def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:
     """`--store memory:` lives and dies with one command: `enqueue` printed "enqueued run_..." for a run already
     gone (helper-23); `drill` ran for 30 s against it and failed (helper-38)."""
