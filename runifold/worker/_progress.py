@@ -151,12 +151,16 @@ class LiveProgress:
         after it in the log, as in the code, and the call's outcome is never recorded: a step's body is
         cancelled, a timer never fires, a signal wait consumes nothing. An effect that has started runs on
         and its outcome is recorded (it may have touched the world already); one that never started is
-        cancelled like a step. A replay (and a teardown) records nothing.
+        cancelled like a step. The debugger (and a teardown) records nothing.
+
+        A call the replay cancels is recorded too when history holds no end of it: the worker that cancelled it
+        live stopped (a crash) before committing its record, and a completed run's history must hold every call
+        its code made. One whose end history holds (its outcome, or its ``call_cancelled``) is no open call.
         """
         if self._closing:
             return
         self._made += 1  # a cancellation is a call of workflow code, on replay too
-        if self._replaying or self._live is None or call.cancelled:
+        if self._live is None or call.cancelled:
             return
         if call not in self._open and not call.busy:
             return  # its outcome is recorded already, or it never progressed live

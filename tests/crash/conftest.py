@@ -48,8 +48,10 @@ class CrashEnv:
             "RUNIFOLD_TEST_DIR": str(self.tmp),
         }
 
-    def spawn(self, worker_id: str, lease: float, *app: str, exit_idle: bool = False) -> subprocess.Popen[str]:
+    def spawn(self, worker_id: str, lease: float, *app: str, exit_idle: bool = False,
+              extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
         env = {**self.env, "RUNIFOLD_TEST_EXIT_IDLE": "1"} if exit_idle else self.env
+        env = {**env, **(extra or {})}
         for name in app:
             self.uses(name)
         return subprocess.Popen(
