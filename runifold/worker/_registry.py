@@ -88,9 +88,11 @@ def bind_input(definition: WorkflowDefinition, data: dict[str, Any]) -> dict[str
     unexpected = sorted(set(data) - set(types))
     missing = sorted(p for p in types if p not in data and not _has_default(definition, p))
     if unexpected or missing:
+        wrong = "; ".join(f"{what} {names}" for what, names in (("missing", missing), ("unexpected", unexpected))
+                          if names)
         raise InvalidInputError(
             f"input for workflow {definition.name!r} v{definition.version} does not fit its "
-            f"parameters {list(types)}: missing {missing}, unexpected {unexpected}"
+            f"parameters {list(types)}: {wrong}"
         )
     kwargs = {}
     for name, value in data.items():

@@ -31,7 +31,9 @@ def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
     zero = cli("enqueue", "steps", "0", "--input", '{"n": 1}')  # a bad value is usage (2), as the README says
     assert zero.returncode == 2 and "'0' must be from 1 to" in zero.stderr, zero.stderr
     missing = cli("enqueue", "steps", "1", "--input", "{}")
-    assert missing.returncode == 1 and "missing ['n']" in missing.stderr
+    assert missing.returncode == 1 and missing.stderr.rstrip().endswith("missing ['n']"), missing.stderr
+    extra = cli("enqueue", "steps", "1", "--input", '{"n": 1, "m": 2}')  # names only what is wrong (helper-47)
+    assert extra.returncode == 1 and extra.stderr.rstrip().endswith("unexpected ['m']"), extra.stderr
 
 
 def test_worker_runs_and_inspection_commands(any_cli: Cli) -> None:
