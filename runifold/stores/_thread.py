@@ -53,9 +53,26 @@ class ConnectionThread(Generic[C]):
         return future
 
     async def close(self) -> None:
-        """Answer the jobs already queued, then end the thread (the connection stays open)."""
+        """Answer the jobs already queued, then end the thread (the connection stays open).
+
+        A job queued while the thread ends (what undoes a cancelled caller's claim, say: see ``submit``'s
+        ``orphan``) still runs, after it, and is answered: none is left unrun and unanswered.
+        """
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join)
+        while True:
+            left: list[_Job] = []
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    left.append(job)
+            if not left:
+                return
+            outcomes = await asyncio.to_thread(self._run_batch, left)
+            self._answer(list(zip(left, outcomes, strict=True)))
 
     def _main(self) -> None:
         while True:
@@ -73,10 +90,7 @@ class ConnectionThread(Generic[C]):
                     stop = True
                     break
                 taken.append(more)
-            try:
-                outcomes = self._batch(self.connection, [t.job for t in taken])
-            except BaseException as exc:  # pragma: no cover - a bug in the batch function
-                outcomes = [(None, exc)] * len(taken)
+            outcomes = self._run_batch(taken)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
             for job, outcome in zip(taken, outcomes, strict=True):
                 by_loop.setdefault(job.loop, []).append((job, outcome))
@@ -87,6 +101,12 @@ class ConnectionThread(Generic[C]):
                     pass
             if stop:
                 return
+
+    def _run_batch(self, jobs: list[_Job]) -> list[Outcome]:
+        try:
+            return self._batch(self.connection, [j.job for j in jobs])
+        except BaseException as exc:  # pragma: no cover - a bug in the batch function
+            return [(None, exc)] * len(jobs)
 
     def _answer(self, answers: list[tuple[_Job, Outcome]]) -> None:
         self.in_flight -= len(answers)

@@ -140,3 +140,31 @@ async def test_a_failing_write_fails_alone_and_its_group_lands(tmp_path: Path) -
             assert [e.key for e in await store.history(f"g{i}")] == ["", "s"]
     finally:
         await store.close()
+
+
+async def test_a_claim_cancelled_in_flight_as_the_store_closes_is_handed_back(tmp_path: Path) -> None:
+    """A claim whose caller was cancelled (a stopping worker) is released when it lands; if the store was being
+    closed meanwhile, that release was queued behind the writer's end and never ran: the run stayed leased to
+    nobody for a whole lease, and the writer counted a job in flight forever (helper-49)."""
+    store = await _open(tmp_path, direct_writes=False)
+    await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="r"))
+    writer = store._writer
+    assert writer is not None
+    batch = writer._batch
+
+    def slow(conn: Any, jobs: Any) -> Any:
+        time.sleep(0.3)  # the claim's transaction is still under way when the caller gives up and closes the store
+        return batch(conn, jobs)
+
+    writer._batch = slow
+    claiming = asyncio.ensure_future(store.claim("w", {"wf"}, 30.0))
+    await asyncio.sleep(0.1)
+    claiming.cancel()
+    await store.close()
+    assert writer.in_flight == 0
+    reopened = await _open(tmp_path)
+    try:
+        info = await reopened.get_run("r")
+        assert info.status is RunStatus.READY and info.lease_owner is None, info
+    finally:
+        await reopened.close()
