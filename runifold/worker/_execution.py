@@ -565,6 +565,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             rows = [EventRow.of(event) for event in events]
         except SerializationError as exc:
             raise _Unrecordable(exc) from None
+        give_up: float | None = None
         while True:
             try:
                 result = await live.store.commit(live.lease, self.revision, rows, transition, consumed)
@@ -574,8 +575,12 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                 raise _Stop() from None
             except StoreUnavailableError as exc:
                 # the store could not be reached for its whole retry budget: the commit may or may not have
-                # landed, and resending it is safe (a store recognises its own write), for as long as the lease holds
-                if self.store_time() + _RESEND_PAUSE >= live.lease.until:
+                # landed, and resending it is safe (a store recognises its own write), for as long as the lease
+                # held when it first failed (renewals that go through meanwhile do not make a commit that keeps
+                # failing hold the run for ever)
+                if give_up is None:
+                    give_up = live.lease.until
+                if self.store_time() + _RESEND_PAUSE >= give_up:
                     self.log.warning("commit_failed", error=str(exc))
                     self._store_error = exc
                     raise _Stop() from None

@@ -827,6 +827,36 @@ async def test_a_commit_whose_answer_was_lost_is_sent_again_and_recognised(store
     assert await event_types(store, "f2") == ["run_started", "step_completed", "run_completed"]
 
 
+class UnreachableCommits:
+    """A real store whose commits all raise StoreUnavailableError while its renewals go through."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.sent = 0
+
+    async def commit(self, *args: Any, **kwargs: Any) -> Any:
+        self.sent += 1
+        raise StoreUnavailableError("the statement timed out")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+async def test_a_commit_that_keeps_failing_is_resent_only_while_the_lease_it_began_under_holds(store: Any) -> None:
+    """Renewals that go through pushed the resend's end forward: a commit the store never took was sent again
+    every half second for as long as the worker lived, holding the run (helper-49). It now gives up once the
+    lease it was first sent under has run out; the run is handed back and another attempt takes it."""
+    failing = UnreachableCommits(store)
+    await store.enqueue(WorkflowTask("guarded", 1, {}, checkpoint_id="f3"))
+    with pytest.raises(StoreUnavailableError):
+        await asyncio.wait_for(worker(failing, WorkflowDefinition(guarded), lease=1.2).run_once(), timeout=10)
+    assert 1 < failing.sent <= 4, failing.sent
+    info = await store.get_run("f3")
+    assert info.status is RunStatus.READY and info.lease_owner is None, info
+    done = await worker(store, WorkflowDefinition(guarded)).run_once()
+    assert isinstance(done, Completed) and done.output == "step 2"
+
+
 # -- 12. budgets count what ran ----------------------------------------------------------------------
 
 
