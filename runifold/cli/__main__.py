@@ -197,6 +197,14 @@ def _misplaced_flag(parser: argparse.ArgumentParser,
     invalid command instead of the flag."""
     top = {o: a for a in parser._actions for o in a.option_strings}
     commands = {name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
+
+    def shared(name: str) -> argparse.Action | None:
+        """The shared flag ``name`` names, exactly or as argparse takes an abbreviation (one flag it begins)."""
+        if name in top:
+            return top[name]
+        begun = {a for o, a in top.items() if name.startswith("--") and o.startswith(name)}
+        return begun.pop() if len(begun) == 1 else None
+
     flag: str | None = None
     expects_value = False
     for i, argument in enumerate(arguments):
@@ -209,11 +217,12 @@ def _misplaced_flag(parser: argparse.ArgumentParser,
             if flag is None:
                 return None
             command = _command_parser(parser, arguments[i:])
-            if flag in command._option_string_actions:
+            if flag in command._option_string_actions or (flag.startswith("--") and len(
+                    {a for o, a in command._option_string_actions.items() if o.startswith(flag)}) == 1):
                 return command, f"{flag} is a flag of the command: give it after `{command.prog}`"
             return command, f"unrecognized arguments: {flag}"
         name = argument.split("=", 1)[0]
-        action = top.get(name)
+        action = shared(name)
         if action is not None:
             expects_value = action.nargs != 0 and "=" not in argument
         elif flag is None and name.startswith("-"):

@@ -187,9 +187,10 @@ def test_a_commands_flag_before_the_command_is_named_and_blamed_on_that_command(
     one_line_error(cli("--concurency", "8", "worker"), 2,
                    "runifold worker: error: unrecognized arguments: --concurency (see `runifold worker --help`)")
     one_line_error(cli("--stauts", "runs", "list"), 2, "runifold runs list: error: unrecognized arguments: --stauts")
-    # the shared flags, with their values, still go before the command
+    # the shared flags, with their values, still go before the command, and abbreviated as argparse allows
     assert cli("migrate").returncode == 0
     assert json.loads(cli("--json", "--log-level", "warning", "runs", "list").stdout)["runs"] == []
+    assert json.loads(cli("--js", "--log-l", "warning", "runs", "list").stdout)["runs"] == []
 
 
 def test_the_memory_store_is_refused_by_the_command_line(cli: Cli) -> None:
