@@ -37,6 +37,7 @@ class ConnectionThread(Generic[C]):
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         #: jobs submitted and not yet answered (read and written on the event loop only)
         self.in_flight = 0
+        self._closing: asyncio.Future[None] | None = None
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
 
@@ -53,13 +54,20 @@ class ConnectionThread(Generic[C]):
         return future
 
     async def close(self) -> None:
-        """Answer the jobs already queued, then end the thread (the connection stays open).
+        """Answer the jobs already queued, then end the thread (the connection stays open). Every call waits
+        for the same ending.
 
         A job queued while the thread ends (what undoes a cancelled caller's claim, say: see ``submit``'s
         ``orphan``) still runs, after it, and is answered: none is left unrun and unanswered.
         """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self) -> None:
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join)
+        here = asyncio.get_running_loop()
         while True:
             left: list[_Job] = []
             while True:
@@ -72,7 +80,11 @@ class ConnectionThread(Generic[C]):
             if not left:
                 return
             outcomes = await asyncio.to_thread(self._run_batch, left)
-            self._answer(list(zip(left, outcomes, strict=True)))
+            for loop, answers in _by_loop(left, outcomes).items():
+                if loop is here:
+                    self._answer(answers)  # now: what answering queues (an orphan's undo) is drained next
+                else:
+                    self._answer_on(loop, answers)
 
     def _main(self) -> None:
         while True:
@@ -91,16 +103,16 @@ class ConnectionThread(Generic[C]):
                     break
                 taken.append(more)
             outcomes = self._run_batch(taken)
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
-            for job, outcome in zip(taken, outcomes, strict=True):
-                by_loop.setdefault(job.loop, []).append((job, outcome))
-            for loop, answers in by_loop.items():
-                try:
-                    loop.call_soon_threadsafe(self._answer, answers)
-                except RuntimeError:  # the caller's loop is closed: nobody is waiting
-                    pass
+            for loop, answers in _by_loop(taken, outcomes).items():
+                self._answer_on(loop, answers)
             if stop:
                 return
+
+    def _answer_on(self, loop: asyncio.AbstractEventLoop, answers: list[tuple[_Job, Outcome]]) -> None:
+        try:
+            loop.call_soon_threadsafe(self._answer, answers)
+        except RuntimeError:  # the caller's loop is closed: nobody is waiting
+            pass
 
     def _run_batch(self, jobs: list[_Job]) -> list[Outcome]:
         try:
@@ -112,6 +124,14 @@ class ConnectionThread(Generic[C]):
         self.in_flight -= len(answers)
         for job, outcome in answers:
             _settle(job, outcome)
+
+
+def _by_loop(jobs: list[_Job], outcomes: list[Outcome]) -> dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]]:
+    """Each job with its outcome, grouped by the event loop of its caller."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, Outcome]]] = {}
+    for job, outcome in zip(jobs, outcomes, strict=True):
+        by_loop.setdefault(job.loop, []).append((job, outcome))
+    return by_loop
 
 
 class _Job(NamedTuple):

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from runifold import RunStatus, StoreError, WorkflowTask
 from runifold.stores import Continue, Finish, Lease
 from runifold.stores.sqlite import SqliteWorkflowStore
@@ -142,10 +144,12 @@ async def test_a_failing_write_fails_alone_and_its_group_lands(tmp_path: Path) -
         await store.close()
 
 
-async def test_a_claim_cancelled_in_flight_as_the_store_closes_is_handed_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("closes", [1, 2])
+async def test_a_claim_cancelled_in_flight_as_the_store_closes_is_handed_back(tmp_path: Path, closes: int) -> None:
     """A claim whose caller was cancelled (a stopping worker) is released when it lands; if the store was being
     closed meanwhile, that release was queued behind the writer's end and never ran: the run stayed leased to
-    nobody for a whole lease, and the writer counted a job in flight forever (helper-49)."""
+    nobody for a whole lease, and the writer counted a job in flight forever (helper-49). Closed twice at once,
+    the second close must not close the connection under the first one's release (helper-50)."""
     store = await _open(tmp_path, direct_writes=False)
     await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="r"))
     writer = store._writer
@@ -160,7 +164,7 @@ async def test_a_claim_cancelled_in_flight_as_the_store_closes_is_handed_back(tm
     claiming = asyncio.ensure_future(store.claim("w", {"wf"}, 30.0))
     await asyncio.sleep(0.1)
     claiming.cancel()
-    await store.close()
+    await asyncio.gather(*(store.close() for _ in range(closes)))
     assert writer.in_flight == 0
     reopened = await _open(tmp_path)
     try:
