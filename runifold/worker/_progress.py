@@ -211,7 +211,11 @@ class LiveProgress:
         self._inbox_due = None
         for order, call in enumerate(list(self._open)):
             if not self._pending(call):
-                self._open.remove(call)  # nobody waits for it any more
+                # nobody waits for it any more. A call whose awaiting task was cancelled stays until that task
+                # runs on and abandons it (see _abandon), which records its cancellation where the code made it:
+                # the task may still be queued behind others (run_ready's limit)
+                if not call.future.cancelled():
+                    self._open.remove(call)
                 continue
             if settling and not self._runs_on(call):
                 continue

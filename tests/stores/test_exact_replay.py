@@ -827,6 +827,33 @@ async def test_a_commit_whose_answer_was_lost_is_sent_again_and_recognised(store
     assert await event_types(store, "f2") == ["run_started", "step_completed", "run_completed"]
 
 
+@workflow("cancelled-behind-a-crowd")
+async def cancelled_behind_a_crowd(ctx: WorkflowContext) -> int:
+    async def spin() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    first = await count("crowd-first")
+    doomed = asyncio.create_task(count("crowd-doomed"))
+    await asyncio.sleep(0)  # the doomed branch makes its call
+    spinners = [asyncio.create_task(spin()) for _ in range(1200)]
+    doomed.cancel()  # its task runs on behind 1200 others: past what one pass of the driver runs
+    await asyncio.gather(*spinners)
+    await asyncio.gather(doomed, return_exceptions=True)
+    return first + await count("crowd-after")
+
+
+async def test_a_cancellation_whose_task_runs_late_is_recorded_where_the_code_made_it(store: Any) -> None:
+    """The driver dropped a call whose awaiting task was cancelled but not yet run on (queued behind more than
+    one pass of workflow code), so its cancellation was never recorded live (helper-50)."""
+    await store.enqueue(WorkflowTask("cancelled-behind-a-crowd", 1, {}, checkpoint_id="crowd"))
+    done = await worker(store, WorkflowDefinition(cancelled_behind_a_crowd)).run_once()
+    assert isinstance(done, Completed), done
+    history = [(e.type, e.key) for e in await store.history("crowd")]
+    assert history[1:4] == [("step_completed", "count#1"), ("call_cancelled", "1/count#1"),
+                            ("step_completed", "count#2")], history
+
+
 class UnreachableCommits:
     """A real store whose commits all raise StoreUnavailableError while its renewals go through."""
 
