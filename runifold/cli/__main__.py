@@ -189,21 +189,22 @@ def _command_parser(parser: argparse.ArgumentParser, words: Sequence[str]) -> ar
     return parser
 
 
+def _flag(parser: argparse.ArgumentParser, name: str) -> argparse.Action | None:
+    """The flag of ``parser`` that ``name`` names: exactly, or abbreviated as argparse allows (one flag it begins)."""
+    actions = parser._option_string_actions
+    if name in actions:
+        return actions[name]
+    begun = {a for o, a in actions.items() if name.startswith("--") and o.startswith(name)}
+    return begun.pop() if len(begun) == 1 else None
+
+
 def _misplaced_flag(parser: argparse.ArgumentParser,
                     arguments: Sequence[str]) -> tuple[argparse.ArgumentParser, str] | None:
     """A flag before the command that runifold itself does not take: the command's parser and what to say.
 
     argparse would take such a flag's value (``runifold --lease 3 worker``) for the command's name and report an
     invalid command instead of the flag."""
-    top = {o: a for a in parser._actions for o in a.option_strings}
     commands = {name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
-
-    def shared(name: str) -> argparse.Action | None:
-        """The shared flag ``name`` names, exactly or as argparse takes an abbreviation (one flag it begins)."""
-        if name in top:
-            return top[name]
-        begun = {a for o, a in top.items() if name.startswith("--") and o.startswith(name)}
-        return begun.pop() if len(begun) == 1 else None
 
     flag: str | None = None
     expects_value = False
@@ -217,12 +218,11 @@ def _misplaced_flag(parser: argparse.ArgumentParser,
             if flag is None:
                 return None
             command = _command_parser(parser, arguments[i:])
-            if flag in command._option_string_actions or (flag.startswith("--") and len(
-                    {a for o, a in command._option_string_actions.items() if o.startswith(flag)}) == 1):
+            if _flag(command, flag) is not None:
                 return command, f"{flag} is a flag of the command: give it after `{command.prog}`"
             return command, f"unrecognized arguments: {flag}"
         name = argument.split("=", 1)[0]
-        action = shared(name)
+        action = _flag(parser, name)
         if action is not None:
             expects_value = action.nargs != 0 and "=" not in argument
         elif flag is None and name.startswith("-"):

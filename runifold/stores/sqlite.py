@@ -757,7 +757,7 @@ def _open_error(exc: sqlite3.Error, path: str) -> StoreError:
     if not os.path.isdir(folder):
         return StoreUnavailableError(
             f"cannot open the SQLite database {where}: the directory {folder} does not exist; create it, "
-            "or check the path (--store, RUNIFOLD_STORE)")
+            "or check the path")
     return StoreUnavailableError(
         f"cannot open the SQLite database {where} ({_errorname(exc)}: {exc}); check that the path "
         "exists and is writable, or open it read-only (sqlite:///path?mode=ro) for commands that only read"

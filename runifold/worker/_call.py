@@ -84,13 +84,10 @@ class Live:
     claimed_at: float  # the worker's monotonic clock when the claim came back (Claim.received): see store_now
     store_now: float  # the store's clock at the claim
     recoveries: int
+    #: the worker's monotonic clock when the lease's last renewal (or the claim) was sent: the lease counts from it
+    renewed_at: float
     #: the store's clock when this process can read it directly (the memory store), else None
     local_clock: Callable[[], float] | None = None
-    #: the worker's monotonic clock when the lease's last renewal (or the claim) was sent: the lease counts from it
-    renewed_at: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.renewed_at = self.claimed_at
 
 
 def why(call: Call) -> str:

@@ -199,9 +199,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         worker_id: str, lease_seconds: float, renew_every: float, registry: WorkflowRegistry | None = None,
     ) -> Execution:
         """An execution of a claimed run."""
-        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries,
+        sent = claim.received if claim.sent is None else min(claim.sent, claim.received)
+        io = Live(store, claim.lease, lease_seconds, renew_every, claim.received, claim.now, claim.recoveries, sent,
                   getattr(store, "local_clock", None))
-        io.renewed_at = claim.received if claim.sent is None else min(claim.sent, claim.received)
         return cls(definition, claim.run_id, claim.checkpoint_id, entries, io, claim.inbox, worker_id, registry)
 
     # -- what WorkflowContext and the decorators call (the Driver protocol) ---------------
@@ -381,13 +381,10 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         """
         assert self._live is not None
         live = self._live
-        if time.monotonic() - live.renewed_at >= live.renew_every:
-            # the claim waited (behind a busy event loop, a slow start): another worker may hold the run by
-            # now, so renew before anything of it runs, or run nothing
-            try:
-                await self._renew(live)
-            except LeaseLostError as exc:
-                return LeaseLost(self.run_id, self.checkpoint_id, f"the claim waited too long: {exc}")
+        # the claim may have waited (behind a busy event loop, a slow start): another worker may hold the run by
+        # now, so renew before anything of it runs, or run nothing (the check before every body, see _hold_lease)
+        if not await self._hold_lease():
+            return LeaseLost(self.run_id, self.checkpoint_id, f"the claim waited too long: {self._lost}")
         self._schedule_renewal(live)
         # the run id on user code's log lines (step bodies run in this task or in copies of its context)
         bound = structlog.contextvars.bind_contextvars(run_id=self.run_id)
