@@ -54,13 +54,17 @@ _ADVICE = (
 
 
 def _non_finite(value: Any) -> bool:
-    """Tell whether ``value`` (builtins) holds a NaN or an infinity anywhere."""
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_non_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(_non_finite(v) for v in value)
+    """Tell whether ``value`` (builtins) holds a NaN or an infinity anywhere (at any depth: no recursion)."""
+    left = [value]
+    while left:
+        item = left.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            left.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            left.extend(item)
     return False
 
 
@@ -266,18 +270,19 @@ def canonical_json(value: Any, *, what: str, one_number: bool = False) -> bytes:
 
 def canonical(plain: Any, *, one_number: bool = False) -> bytes:
     """:func:`canonical_json` of a value that is JSON builtins already (what :func:`to_plain` returned)."""
-    return msgspec.json.encode(_one_number(plain) if one_number else plain, order="sorted")
+    if one_number:
+        # read back with every integral float as the int it equals (by msgspec, which takes any nesting the
+        # encoder took: no recursion of Python's)
+        plain = _one_number.decode(msgspec.json.encode(plain))
+    return msgspec.json.encode(plain, order="sorted")
 
 
-def _one_number(value: Any) -> Any:
-    """``value`` (JSON builtins) with every integral float written as the int it equals."""
-    if isinstance(value, float):
-        return int(value) if value.is_integer() else value
-    if isinstance(value, dict):
-        return {k: _one_number(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_one_number(v) for v in value]
-    return value
+def _as_one_number(text: str) -> float | int:
+    number = float(text)
+    return int(number) if number.is_integer() else number
+
+
+_one_number = msgspec.json.Decoder(float_hook=_as_one_number)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -57,6 +57,7 @@ from runifold.history import (
     accept,
     convert,
     record,
+    to_plain,
 )
 from runifold.stores import EnqueueResult, InboxSignal, WorkflowTask
 from runifold.worker._bodies import body_outcome, is_async, run_body
@@ -129,9 +130,13 @@ class LiveProgress:
 
     @staticmethod
     def _payload(call: Call, payload: Any) -> tuple[Any, BaseException | None]:
-        """A signal's payload as the wait's type; one that does not fit is the workflow's error, live and replayed."""
+        """A signal's payload as the wait's type; one that does not fit is the workflow's error, live and replayed.
+
+        Workflow code gets a copy, read back from the payload's JSON as a replay reads it: its ``signal_received``
+        event holds the payload as it came, and is committed after workflow code has run on (it may change what
+        it was given, which must not change what is recorded)."""
         try:
-            return convert(payload, call.returns, what=f"the payload of signal {call.name!r} ({call.key})",
+            return convert(to_plain(payload, what=f"the payload of signal {call.name!r}"), call.returns, what=f"the payload of signal {call.name!r} ({call.key})",
                            advice="the sender must send a payload of that type", strict=True), None
         except SerializationError as exc:
             return None, exc

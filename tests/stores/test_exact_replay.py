@@ -464,6 +464,49 @@ def test_a_task_input_that_cannot_be_recorded_is_refused_with_serialization_erro
         WorkflowTask("odd-values", 1, {"which": value})
 
 
+@pytest.mark.parametrize("depth", [600, 900])
+def test_a_deep_task_input_the_encoder_takes_is_accepted_and_one_deeper_is_refused(depth: int) -> None:
+    """An input nested as deeply as the encoder takes is one a task may hold; comparing it with a re-enqueued task's
+    raised a bare RecursionError from depth 500 (helper-53). Deeper still, SerializationError says why."""
+    def nested(levels: int) -> list[Any]:
+        top = inner = []
+        for _ in range(levels):
+            inner.append([])
+            inner = inner[0]
+        inner.append(1.0)
+        return top
+
+    task = WorkflowTask("deep", 1, {"x": nested(depth)})
+    assert task.input_json() == b'{"x":' + b"[" * (depth + 1) + b"1" + b"]" * (depth + 1) + b"}"
+    with pytest.raises(SerializationError, match="nested too deeply"):
+        WorkflowTask("deep", 1, {"x": nested(depth + 1000)})
+
+
+@workflow("changes-its-payload")
+async def changes_its_payload(ctx: WorkflowContext) -> list[Any]:
+    payload = await ctx.wait_signal("go")
+    first = "seen" not in payload
+    payload["seen"] = True  # workflow code changes what it was given
+    if first:
+        await count("first")  # commits the signal's receipt with this step
+    await ctx.sleep(timedelta(milliseconds=50))  # the next execution replays the receipt
+    return [first, payload]
+
+
+async def test_workflow_code_that_changes_a_signal_payload_does_not_change_what_is_recorded(store: Any) -> None:
+    """The receipt records the payload as it came, and a replay hands the code what it got live. The code changed
+    the very dict the receipt held, which was committed later with the change, so the replay took another branch
+    and the run diverged (helper-53)."""
+    definition = WorkflowDefinition(changes_its_payload, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("changes-its-payload", 1, {}, checkpoint_id="cp1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await send_signal(store, "cp1", "go", "g1", {"n": 1})
+    done = await until_completed(store, definition)
+    assert done.output == [True, {"n": 1, "seen": True}]
+    assert [e.event.payload for e in await entries(store, "cp1") if isinstance(e.event, SignalReceived)] == [{"n": 1}]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "cp1", done.output)
+
+
 change: dict[str, str] = {"to": ""}  # how the code of "grows" differs from the code that ran it
 
 
