@@ -38,6 +38,12 @@ def _enc_hook(value: Any) -> Any:
 
         if isinstance(value, pydantic.BaseModel):
             return dump(mode="json", by_alias=True)  # what validation reads back (aliases, when fields have them)
+    if isinstance(value, (bool, tuple, type(None))):  # JSON values msgspec writes itself: here as a dict's key
+        raise TypeError(f"a {type(value).__name__} cannot be the key of a dict (JSON object keys are strings): use "
+                        "str, int, float, Enum, UUID, date, datetime or Decimal keys")
+    for base in (str, int, float):
+        if isinstance(value, base):  # a subclass of one (msgspec writes only the type itself): written as that type
+            return base(value)
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 

@@ -617,7 +617,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         if exc is not None:
             return await self._finish_failed((f"workflow raised {describe(exc)}", exc, failed_call(exc)))
         try:
-            plain, output = record(root.result(), self.definition.spec.returns.get(), what="the workflow")
+            plain, output = record(root.result(), self.definition.spec.returns.get(), what=self._result_what())
         except SerializationError as err:
             return await self._finish_failed((str(err), err, ""))
         self._buffer.append(RunCompleted(output=plain))

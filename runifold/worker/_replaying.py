@@ -257,11 +257,15 @@ class Replaying:
         if self._resolutions and self._resolutions[-1][0].kind not in (CallKind.TIMER, CallKind.SIGNAL):
             self._deliver_next()
 
+    def _result_what(self) -> str:
+        """The workflow's result, as an error names it."""
+        return f"the result of workflow {self.definition.spec.name!r}"
+
     def _check_result(self, output: Any) -> None:
         """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""
         returns = self.definition.spec.returns.get()
         try:
-            _, replayed = record(output, returns, what="the workflow")
+            _, replayed = record(output, returns, what=self._result_what())
         except SerializationError as exc:
             if self._recorded_result:
                 self.report.divergence = NondeterminismError(

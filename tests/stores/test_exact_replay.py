@@ -570,6 +570,7 @@ async def test_a_result_that_cannot_be_recorded_fails_the_run_and_replays_as_tha
     assert report.clean and report.finished
     if n:
         assert isinstance(outcome, Failed) and "NaN" in outcome.reason
+        assert outcome.reason.startswith("the result of workflow 'bad-result' cannot be recorded: it holds NaN")
         assert report.error is not None and "NaN" in report.error
     else:
         assert isinstance(outcome, Completed) and report.error is None and report.result == {"ratio": 1.0}

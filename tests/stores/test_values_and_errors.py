@@ -31,6 +31,7 @@ from runifold import (
     workflow,
 )
 from runifold.history import StepFailed
+from runifold.history._codec import _ADVICE
 from tests.corpus.check import replay_problems
 from tests.support import entries, event_types, send_signal, until_completed, worker
 
@@ -304,8 +305,13 @@ async def signed_in() -> Credentials:
     return Credentials(user="ada", password=pydantic.SecretStr("hunter2"))
 
 
+@step()
+async def keyed_by_flag():  # type: ignore[no-untyped-def]
+    return {True: 1, False: 0}
+
+
 REFUSED = {"word_counts": word_counts, "measured": measured, "measured_unannotated": measured_unannotated,
-           "api_token": api_token, "signed_in": signed_in}
+           "api_token": api_token, "signed_in": signed_in, "keyed_by_flag": keyed_by_flag}
 NAN = ("a NaN is never equal to itself, so runifold could not check that a replay sees what the live call saw; "
        "use None or a string for a missing number")
 SECRETS = ("the log keeps what it records in clear, so keep secrets out of inputs, results and payloads: pass a "
@@ -346,6 +352,9 @@ async def test_a_refused_value_or_annotation_says_what_is_wrong_and_what_to_use(
                      f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
         "signed_in": "SerializationError: step signed_in#1 cannot be recorded: it holds a pydantic SecretStr, which "
                      f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
+        "keyed_by_flag": "SerializationError: step keyed_by_flag#1 cannot be recorded (a bool cannot be the key of "
+                         "a dict (JSON object keys are strings): use str, int, float, Enum, UUID, date, datetime or "
+                         "Decimal keys); " + _ADVICE,
     }
     definition = WorkflowDefinition(refused)
     for name, message in said.items():
@@ -364,3 +373,38 @@ async def test_a_refused_value_or_annotation_says_what_is_wrong_and_what_to_use(
     assert str(token_refused.value) == (
         f"input for workflow 'signs-in' v1: parameter 'token': the annotation is SecretStr, a class runifold does not "
         f"decode from JSON data; {SECRETS}")
+
+
+class OrderNumber(str):
+    """A str of the application's own (found by helper-53: refused as "not JSON-serialisable", though a str)."""
+
+
+class Cents(int):
+    pass
+
+
+@step()
+async def numbered() -> str:
+    return OrderNumber("A-1")
+
+
+@step()
+async def priced():  # type: ignore[no-untyped-def]
+    return {"total": Cents(250), "label": OrderNumber("B-2")}
+
+
+@workflow("subclassed")
+async def subclassed(ctx: WorkflowContext) -> list[str]:
+    number, price = await numbered(), await priced()
+    await ctx.sleep(timedelta(milliseconds=20))  # the next execution replays both
+    return [type(number).__name__, number, type(price["total"]).__name__, repr(price)]
+
+
+async def test_a_subclass_of_str_or_int_is_recorded_as_that_type(store: Any) -> None:
+    """A value of a subclass of str, int or float is recorded as the builtin it is, and comes back as that
+    builtin, live and replayed alike (it compares equal)."""
+    definition = WorkflowDefinition(subclassed)
+    await store.enqueue(WorkflowTask("subclassed", 1, {}, checkpoint_id="sub1"))
+    done = await until_completed(store, definition)
+    assert done.output == ["str", "A-1", "int", "{'total': 250, 'label': 'B-2'}"]
+    assert not await replay_problems(store, WorkflowRegistry(definition), "sub1", done.output)
