@@ -271,7 +271,8 @@ class PostgresWorkflowStore:
         if self._closed:
             raise closed_store(f"PostgreSQL at {_redact(self.dsn)}")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self._retry_seconds if budget is None else budget)
+        budget = self._retry_seconds if budget is None else budget
+        deadline = loop.time() + budget
         delay = 0.05
         while True:
             remaining = deadline - loop.time()
@@ -295,7 +296,7 @@ class PostgresWorkflowStore:
                     raise _translate(exc) from exc
                 if loop.time() + delay >= deadline:
                     raise StoreUnavailableError(
-                        f"PostgreSQL at {_redact(self.dsn)} stayed unreachable for {self._retry_seconds:g} s "
+                        f"PostgreSQL at {_redact(self.dsn)} stayed unreachable for {budget:g} s "
                         f"({exc!r}); check the server and the network, then retry"
                     ) from exc
                 log.warning("postgres_retry", error=repr(exc), delay=delay)

@@ -96,12 +96,30 @@ async def test_an_operation_in_a_stall_gives_up_within_its_retry_budget(proxy: t
         await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
         stalling.stall()
         started = time.monotonic()
-        with pytest.raises(StoreUnavailableError, match="unreachable"):
+        with pytest.raises(StoreUnavailableError, match=f"unreachable for {RETRY_SECONDS:g} s"):
             await store.get_run("c1")
         waited = time.monotonic() - started
         print(f"read in a stall gave up after {waited:.2f} s (retry budget {RETRY_SECONDS:g} s)")
         # the budget is 1.5 s, attempts in flight included; the bug this guards against waited as long as the stall
         assert waited < RETRY_SECONDS + 2 * COMMAND_TIMEOUT, waited
+    finally:
+        await asyncio.wait_for(store.close(), 10)
+
+
+async def test_a_release_in_a_stall_gives_up_within_its_own_bound_and_says_so(proxy: tuple[StallingProxy, str]) -> None:
+    """A stopping worker's release is bounded tighter than other operations (its grace period must hold); the error
+    it gives up with names that bound, not the store's retry budget (helper-51: "unreachable for 15 s" after 1 s)."""
+    stalling, dsn = proxy
+    store = await _open(dsn)
+    try:
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="c1"))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        assert claim is not None
+        stalling.stall()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailableError, match=f"unreachable for {COMMAND_TIMEOUT:g} s"):
+            await store.release(claim.lease)
+        assert time.monotonic() - started < RETRY_SECONDS
     finally:
         await asyncio.wait_for(store.close(), 10)
 
