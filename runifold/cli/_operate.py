@@ -123,18 +123,30 @@ async def worker_cmd(args: argparse.Namespace) -> int:
         supervisor = Supervisor(worker, args.concurrency, idle_wait=timedelta(seconds=args.idle_wait),
                                 grace=timedelta(seconds=args.grace),
                                 schedule_every=timedelta(seconds=args.schedule_every))
+        # (before the worker says it serves: a SIGTERM from then on stops it as a SIGTERM should)
+        _on_stop(supervisor, args.grace, args.log_format)
         serving = [f"{n} v{v}" for n, v in registry.versions()]
         _tell(args.json, {"event": "worker_started", "worker_id": str(worker_id), "serving": serving,
                           "concurrency": args.concurrency},
               f"worker {worker_id} serving {', '.join(serving)} with concurrency {args.concurrency}")
-        _on_stop(supervisor, args.grace, args.log_format)
         await supervisor.run(handle_signals=False)
     finally:
         await store.close()
+    _stopped()
     counts = ", ".join(f"{name} {count}" for name, count in sorted(supervisor.outcomes.items())) or "nothing"
     _tell(args.json, {"event": "worker_stopped", "worker_id": str(worker_id), "outcomes": supervisor.outcomes},
           f"worker {worker_id} stopped: {counts}")
     return 0
+
+
+def _stopped() -> None:
+    """The worker has stopped: a SIGTERM or SIGINT from now on changes nothing, and the process exits as it
+    would have (a second signal sent just after the first otherwise killed it during Python's exit)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(sig)  # (else closing the loop puts the default action back)
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _tell(as_json: bool, record: dict[str, object], line: str) -> None:

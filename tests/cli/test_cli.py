@@ -169,6 +169,24 @@ async def test_sigterm_releases_in_flight_runs(any_cli: Cli) -> None:
         await store.close()
 
 
+def test_signals_after_the_worker_has_stopped_change_nothing(cli: Cli) -> None:
+    """A second SIGTERM sent just after the first, once the worker has stopped, killed it during Python's exit
+    (status -15 after "worker ... stopped"): it is ignored, and the worker exits 0 (helper-51)."""
+    worker = cli.spawn("worker", "--idle-wait", "0.1")
+    try:
+        assert worker.stdout is not None
+        assert "serving" in worker.stdout.readline()
+        worker.send_signal(signal.SIGTERM)
+        assert "stopped" in worker.stdout.readline()
+        while worker.poll() is None:  # signal the whole way out
+            worker.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+        assert worker.returncode == 0
+    finally:
+        worker.kill()
+        worker.communicate()
+
+
 def test_sigterm_stops_a_worker_whose_stderr_reader_went_away(cli: Cli) -> None:
     """`runifold worker ... 2>&1 | head -1`: the reader is gone, so saying "stopping" raised BrokenPipeError before
     the stop was asked for, and neither SIGTERM nor a second one stopped the worker (helper-23)."""
