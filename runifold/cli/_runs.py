@@ -33,7 +33,7 @@ from runifold.history import (
     effect_attempts,
     fold,
 )
-from runifold.stores import AuditRecord, RunInfo, RunStatus
+from runifold.stores import UNFINISHED, AuditRecord, RunInfo, RunStatus
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
 from runifold.worker._admin import child_runs
@@ -65,6 +65,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay.add_argument("--all", action="store_true", help="check every unfinished run (of --name, or of any name), "
                         "reporting runs whose version the app does not register")
     replay.add_argument("--name", help="with --all: only runs of this workflow")
+    replay.add_argument("--status", action="append", choices=[str(s) for s in RunStatus],
+                        help="with --all: the runs of this status instead (repeatable), e.g. completed")
     replay.set_defaults(handler=replay_cmd)
 
 
@@ -330,10 +332,14 @@ async def replay_cmd(args: argparse.Namespace) -> int:
     if args.name is not None and not args.all:
         raise UsageError(f"--name picks the runs of --all; a RUN is replayed whatever its workflow (drop --name, "
                          f"or replay --all --name {args.name})")
+    if args.status and not args.all:
+        raise UsageError("--status picks the runs of --all; a RUN is replayed whatever its status (drop --status, "
+                         "or replay --all --status ...)")
     store = await store_of(args, readonly=True)
     try:
         if args.all:
-            reports = await check_compatibility(store, registry, name=args.name)
+            reports = await check_compatibility(store, registry, name=args.name, statuses=(
+                UNFINISHED if args.status is None else [RunStatus(s) for s in args.status]))
         else:
             reports = [await replay_run(store, registry, args.run)]
     finally:

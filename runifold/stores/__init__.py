@@ -7,6 +7,7 @@ chooses one by URL.
 
 from runifold.stores._open import open_store
 from runifold.stores._protocol import (
+    UNFINISHED,
     AuditRecord,
     Claim,
     CommitResult,
@@ -32,5 +33,5 @@ from runifold.stores._schedule import Schedule, ScheduleInfo
 __all__ = [
     "AuditRecord", "Claim", "CommitResult", "Continue", "EnqueueResult", "EventRow", "Finish",
     "InboxSignal", "Lease", "Reschedule", "RunInfo", "RunStatus", "Schedule", "ScheduleInfo", "SignalDelivery", "SignalReceipt",
-    "StoredEvent", "Suspend", "Transition", "WorkflowStore", "WorkflowTask", "open_store",
+    "StoredEvent", "Suspend", "Transition", "UNFINISHED", "WorkflowStore", "WorkflowTask", "open_store",
 ]

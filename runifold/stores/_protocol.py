@@ -69,6 +69,10 @@ class RunStatus(enum.StrEnum):
         return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
+#: the statuses of a run that has not finished, in the order above
+UNFINISHED = tuple(s for s in RunStatus if not s.finished)
+
+
 @final
 @dataclass(frozen=True)
 class WorkflowTask:

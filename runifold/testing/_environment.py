@@ -12,14 +12,13 @@ from runifold.dsl import WorkflowDefinition
 from runifold.errors import ConfigurationError
 from runifold.history import Entry, decode_event, fold
 from runifold.signals import SignalEnvelope, SignalGateway
-from runifold.stores import RunInfo, RunStatus, SignalReceipt
+from runifold.stores import UNFINISHED, RunInfo, RunStatus, SignalReceipt
 from runifold.stores.memory import MemoryWorkflowStore
 from runifold.testing._clock import FakeClock
 from runifold.worker import Idle, LeaseDuration, Outcome, WorkerId, WorkflowRegistry, WorkflowWorker
 from runifold.worker._debug import replay
 
 _MAX_ROUNDS = 100_000
-_UNFINISHED = (RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED)
 
 
 class _Trusted:
@@ -181,7 +180,7 @@ class WorkflowEnvironment:
                     "registry (a child workflow's too)")
 
     async def _unfinished(self) -> list[RunInfo]:
-        return [r for s in _UNFINISHED for r in await self.store.list_runs(status=s, limit=1_000_000)]
+        return [r for s in UNFINISHED for r in await self.store.list_runs(status=s, limit=1_000_000)]
 
     async def _waits_for_signal(self, info: RunInfo) -> bool:
         history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]

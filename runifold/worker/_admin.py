@@ -25,7 +25,7 @@ from runifold.history import (
     fold,
 )
 from runifold.history import EffectResolved as EffectResolvedEvent
-from runifold.stores import CommitResult, EventRow, RunInfo, RunStatus, WorkflowStore
+from runifold.stores import UNFINISHED, CommitResult, EventRow, RunInfo, RunStatus, WorkflowStore
 from runifold.stores import _rule
 from runifold.worker._debug import call_returns
 from runifold.worker._registry import WorkflowRegistry
@@ -34,7 +34,6 @@ log = get_logger("runifold.admin")
 #: the error type run_failed records for a run the engine failed on its budget
 _BUDGET_EXCEEDED = type_name(BudgetExceededError)
 
-_UNFINISHED = {RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED}
 
 
 async def _history(store: WorkflowStore, run_ref: str) -> list[Entry]:
@@ -80,7 +79,7 @@ async def resolve_effect(
     if not by or not reason:
         raise InvalidStateError("resolving an effect needs `by` (who) and `reason` (why); both go into the history")
     info = await store.get_run(run_ref)
-    finished = _rule.intervene_refusal(info.run_id, info.status, _UNFINISHED)
+    finished = _rule.intervene_refusal(info.run_id, info.status, UNFINISHED)
     if finished is not None:  # before the effect: a finished run's effects are settled, whatever they were
         raise finished
     history = await _history(store, info.run_id)
@@ -97,7 +96,7 @@ async def resolve_effect(
         returns = await call_returns(definition, info.run_id, history, key)
         plain, _ = accept(output, returns, what=f"the resolution of effect {key}")
     event = EffectResolvedEvent(key=key, resolution=resolution, by=by, reason=reason, output=plain)
-    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.READY,
+    result = await store.intervene(info.run_id, UNFINISHED, [EventRow.of(event)], RunStatus.READY,
                                    f"effect {key} resolved as {resolution} by {by}: {reason}")
     log.info("effect_resolved", run_ref=run_ref, key=key, resolution=str(resolution), by=by)
     return result
@@ -120,7 +119,7 @@ async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str
     if info.status is RunStatus.CANCELLED:
         return CommitResult(info.revision, info.updated_at)
     event = RunCancelled(by=by, reason=reason)
-    result = await store.intervene(info.run_id, _UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED,
+    result = await store.intervene(info.run_id, UNFINISHED, [EventRow.of(event)], RunStatus.CANCELLED,
                                    f"cancelled by {by}: {reason}")
     log.info("run_cancelled", run_ref=run_ref, by=by)
     for child in (await child_runs(store, fold(await _history(store, info.run_id)))).values():

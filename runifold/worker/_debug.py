@@ -10,20 +10,19 @@ compatibility check before a deploy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import InvalidStateError, NondeterminismError
 from runifold.history import Entry, decode_event
-from runifold.stores import RunStatus, WorkflowStore
+from runifold.stores import UNFINISHED, RunStatus, WorkflowStore
 from runifold.worker._call import ReplayReport
 from runifold.worker._execution import Execution
 from runifold.worker._registry import WorkflowRegistry
 
 __all__ = ["ReplayReport", "call_returns", "check_compatibility", "replay", "replay_run"]
 
-_UNFINISHED = (RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING, RunStatus.PARKED, RunStatus.DIVERGED)
 
 
 async def replay(definition: WorkflowDefinition, run_id: str, history: Sequence[Entry]) -> ReplayReport:
@@ -67,7 +66,8 @@ async def replay_run(store: WorkflowStore, registry: WorkflowRegistry, run_ref: 
 
 
 async def check_compatibility(
-    store: WorkflowStore, registry: WorkflowRegistry, *, name: str | None = None, limit: int = 100_000
+    store: WorkflowStore, registry: WorkflowRegistry, *, name: str | None = None, limit: int = 100_000,
+    statuses: Collection[RunStatus] = UNFINISHED,
 ) -> list[ReplayReport]:
     """Replay every unfinished run (of ``name``, or of every workflow) against today's code.
 
@@ -75,10 +75,12 @@ async def check_compatibility(
     history the new code cannot continue. Every unfinished run in the store is
     checked, whatever its name: a run whose ``(name, version)`` the registry
     does not hold is reported as diverging at ``(definition)``, since no worker
-    with this registry could continue it.
+    with this registry could continue it. ``statuses`` picks other runs instead
+    (``{RunStatus.COMPLETED}``: do finished runs replay exactly against this code?),
+    at most ``limit`` of each status.
     """
     reports = []
-    for status in _UNFINISHED:
+    for status in dict.fromkeys(statuses):
         for info in await store.list_runs(status=status, name=name, limit=limit):
             if registry.get(info.name, info.version) is None:
                 report = ReplayReport(info.run_id)

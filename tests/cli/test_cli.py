@@ -84,6 +84,11 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     assert "signal      approval from alice at " in waiting and "received, not consumed" in waiting, waiting
     run_worker_until(cli, "g1", RunStatus.COMPLETED)
     assert "not consumed" not in cli("runs", "show", "g1").stdout
+    # finished runs are checked when asked for (helper-51: no command replayed them all)
+    assert "0 run(s) checked" in cli("replay", "--all").stdout
+    assert "1 run(s) checked, 0 diverged" in cli("replay", "--all", "--status", "completed").stdout
+    finished = cli("--app", "tests.cli.app:changed", "replay", "--all", "--status", "completed", "--status", "failed")
+    assert finished.returncode == 1 and "1 run(s) checked, 1 diverged" in finished.stdout
     audit = cli("audit", "g1")
     assert audit.returncode == 0
     assert "rejected:bad_signature" in audit.stdout and "accepted" in audit.stdout and "duplicate" in audit.stdout

@@ -45,6 +45,8 @@ def test_bad_values_are_usage_errors(cli: Cli) -> None:
     one_line_error(cli("frobnicate"), 2, "invalid choice: 'frobnicate'")
     one_line_error(cli("replay", "c1", "--all"), 2, "not both")
     one_line_error(cli("replay", "c1", "--name", "steps"), 2, "--name picks the runs of --all")  # it was ignored
+    one_line_error(cli("replay", "c1", "--status", "completed"), 2, "--status picks the runs of --all")
+    one_line_error(cli("replay", "--all", "--status", "done"), 2, "invalid choice: 'done'")
     one_line_error(cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--concurrency-key", "k"), 2, "go together")
     assert not (cli.tmp / "cli.db").exists()  # nothing was opened, let alone created
 
