@@ -53,9 +53,9 @@ _any_decoder = msgspec.json.Decoder()
 
 _ENCODE_ERRORS = (TypeError, msgspec.EncodeError, OverflowError, UnicodeEncodeError, ValueError)
 _ADVICE = (
-    "return JSON-compatible data (dict, list, str, int, float, bool, None), a msgspec.Struct or a "
-    "dataclass, annotate the return type for others (datetime, UUID, tuple, set, bytes, Decimal), and "
-    "keep large artifacts outside the log, referenced by id"
+    "use JSON-compatible data (dict, list, str, int, float, bool, None), a msgspec.Struct, a dataclass or a pydantic "
+    "model (datetime, UUID, tuple, set, bytes and Decimal are recorded where the type is annotated as such; "
+    "anything else, e.g. a Path, as str or the like), and keep large artifacts outside the log, referenced by id"
 )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import decimal
 import dataclasses
 import os
+import pathlib
 import sys
 import uuid
 from collections import Counter
@@ -31,7 +32,6 @@ from runifold import (
     workflow,
 )
 from runifold.history import StepFailed
-from runifold.history._codec import _ADVICE
 from tests.corpus.check import replay_problems
 from tests.support import entries, event_types, send_signal, until_completed, worker
 
@@ -310,8 +310,17 @@ async def keyed_by_flag():  # type: ignore[no-untyped-def]
     return {True: 1, False: 0}
 
 
-REFUSED = {"word_counts": word_counts, "measured": measured, "measured_unannotated": measured_unannotated,
+@step()
+async def where_it_is() -> pathlib.Path:
+    return pathlib.Path("/srv/report.pdf")
+
+
+REFUSED = {"where_it_is": where_it_is, "word_counts": word_counts, "measured": measured, "measured_unannotated": measured_unannotated,
            "api_token": api_token, "signed_in": signed_in, "keyed_by_flag": keyed_by_flag}
+ADVICE = ("use JSON-compatible data (dict, list, str, int, float, bool, None), a msgspec.Struct, a dataclass or a "
+          "pydantic model (datetime, UUID, tuple, set, bytes and Decimal are recorded where the type is annotated as "
+          "such; anything else, e.g. a Path, as str or the like), and keep large artifacts outside the log, referenced "
+          "by id")
 NAN = ("a NaN is never equal to itself, so runifold could not check that a replay sees what the live call saw; "
        "use None or a string for a missing number")
 SECRETS = ("the log keeps what it records in clear, so keep secrets out of inputs, results and payloads: pass a "
@@ -352,9 +361,11 @@ async def test_a_refused_value_or_annotation_says_what_is_wrong_and_what_to_use(
                      f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
         "signed_in": "SerializationError: step signed_in#1 cannot be recorded: it holds a pydantic SecretStr, which "
                      f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
+        "where_it_is": "SerializationError: step where_it_is#1 cannot be recorded (PosixPath is not "
+                       "JSON-serialisable); " + ADVICE,  # it said to annotate the type, which it was
         "keyed_by_flag": "SerializationError: step keyed_by_flag#1 cannot be recorded (a bool cannot be the key of "
                          "a dict (JSON object keys are strings): use str, int, float, Enum, UUID, date, datetime or "
-                         "Decimal keys); " + _ADVICE,
+                         "Decimal keys); " + ADVICE,
     }
     definition = WorkflowDefinition(refused)
     for name, message in said.items():
