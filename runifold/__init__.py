@@ -49,7 +49,16 @@ from runifold.errors import (
 )
 from runifold.history import Checkpoint, Phase, Resolution, Usage
 from runifold.signals import Authenticator, HmacKeyRing, SignalEnvelope, SignalGateway, SignalLimits, sign
-from runifold.stores import RunInfo, RunStatus, Schedule, ScheduleInfo, WorkflowStore, WorkflowTask, open_store
+from runifold.stores import (
+    RunInfo,
+    RunStatus,
+    Schedule,
+    ScheduleInfo,
+    SignalReceipt,
+    WorkflowStore,
+    WorkflowTask,
+    open_store,
+)
 from runifold.worker import (
     Completed,
     DefinitionUnavailable,
@@ -123,6 +132,7 @@ __all__ = [
     "SignalConflictError",
     "SignalEnvelope",
     "SignalGateway",
+    "SignalReceipt",
     "SignalLimits",
     "SignalRejectedError",
     "StepFailedError",

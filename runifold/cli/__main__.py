@@ -32,9 +32,9 @@ import asyncio
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from runifold.cli import _drill, _keys, _logging, _operate, _recover, _runs, _schedules, _signals, _ui
 from runifold.cli._common import DEFAULT_STORE, UsageError, drop_output
@@ -137,7 +137,26 @@ def apply_environment(parser: argparse.ArgumentParser) -> None:
             action.default = value.lower() in ("1", "true", "yes", "on")
         else:
             action.default = value  # argparse converts string defaults with the flag's type
+            if action.choices is not None:
+                action.type = _one_of(action, name)  # ... but checks choices only of what the command line gave
         action.required = False
+
+
+def _one_of(action: argparse.Action, name: str) -> Callable[[str], Any]:
+    """The flag's type, refusing what is not one of its choices: an environment variable's value too."""
+    convert = action.type or str
+    choices = action.choices
+    assert choices is not None and callable(convert)
+
+    def one_of(text: str) -> Any:
+        value = convert(text)
+        if value not in choices:
+            raise argparse.ArgumentTypeError(
+                f"invalid choice: {text!r} (from the flag or {name}; choose from "
+                f"{', '.join(repr(str(c)) for c in choices)})")
+        return value
+
+    return one_of
 
 
 def _not_utf8(arguments: Sequence[str]) -> str | None:
@@ -260,7 +279,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _closed_pipe()
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except (UsageError, ConfigurationError, StoreError, OSError) as exc:
+    except UsageError as exc:  # a bad argument the command found: said as argparse says one, naming the command
+        command = _parser_of(parser, args).prog
+        if args.debug:
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"{command}: error: {printable(str(exc))} (see `{command} --help`)", file=sys.stderr)
+        return EXIT_USAGE
+    except (ConfigurationError, StoreError, OSError) as exc:
         return _fail(args, exc, EXIT_USAGE, "error: ")
     except RunifoldError as exc:
         return _fail(args, exc, EXIT_REFUSED, "")

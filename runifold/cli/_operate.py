@@ -28,7 +28,7 @@ from runifold.cli._common import (
     text,
     version,
 )
-from runifold.errors import InvalidInputError
+from runifold.errors import ConfigurationError, InvalidInputError
 from runifold.history import Resolution
 from runifold.stores import RunStatus, WorkflowTask
 from runifold.worker import LeaseDuration, Supervisor, WorkerId, WorkflowWorker, cancel_run, resolve_effect
@@ -115,7 +115,10 @@ def _on_stop(supervisor: Supervisor, grace: float, log_format: str) -> None:
 
 async def worker_cmd(args: argparse.Namespace) -> int:
     registry = registry_of(args)
-    worker_id = WorkerId.parse(f"{socket.gethostname()}-{os.getpid()}" if args.worker_id is None else args.worker_id)
+    try:
+        worker_id = WorkerId.parse(f"{socket.gethostname()}-{os.getpid()}" if args.worker_id is None else args.worker_id)
+    except ConfigurationError as exc:  # a bad --worker-id (the host's name makes a good one)
+        raise UsageError(str(exc)) from None
     store = await store_of(args, create=True)
     try:
         worker = WorkflowWorker(store, registry, worker_id, LeaseDuration(timedelta(seconds=args.lease)),

@@ -65,8 +65,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay.add_argument("--all", action="store_true", help="check every unfinished run (of --name, or of any name), "
                         "reporting runs whose version the app does not register")
     replay.add_argument("--name", help="with --all: only runs of this workflow")
-    replay.add_argument("--status", action="append", choices=[str(s) for s in RunStatus],
-                        help="with --all: the runs of this status instead (repeatable), e.g. completed")
+    replay.add_argument("--status", choices=[str(s) for s in RunStatus],
+                        help="with --all: the runs of this status instead of the unfinished ones, e.g. completed")
     replay.set_defaults(handler=replay_cmd)
 
 
@@ -339,7 +339,7 @@ async def replay_cmd(args: argparse.Namespace) -> int:
     try:
         if args.all:
             reports = await check_compatibility(store, registry, name=args.name, statuses=(
-                UNFINISHED if args.status is None else [RunStatus(s) for s in args.status]))
+                UNFINISHED if args.status is None else [RunStatus(args.status)]))
         else:
             reports = [await replay_run(store, registry, args.run)]
     finally:

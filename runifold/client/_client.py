@@ -98,6 +98,18 @@ class RunHandle:
         await cancel_run(self._client.store, self.run_id, by=by, reason=reason)
 
 
+def started(workflow: Any, version: int | None) -> tuple[str, int]:
+    """The ``(name, version)`` that :meth:`Client.start` starts for ``workflow`` and ``version``."""
+    spec = _spec_of(workflow)
+    if spec is not None:
+        return spec.name, spec.version if version is None else version
+    if isinstance(workflow, str):
+        if version is None:
+            raise ConfigurationError(f"start({workflow!r}) needs version=: runs are pinned to an exact version")
+        return workflow, version
+    raise ConfigurationError(f"start() takes a @workflow function, a WorkflowDefinition or a name, got {workflow!r}")
+
+
 @final
 class Client:
     """Starts runs and awaits their results.
@@ -137,17 +149,9 @@ class Client:
             SerializationError: the input holds a value that cannot be recorded.
             UnknownWorkflowError: a name and version the registry does not hold.
         """
-        spec = _spec_of(workflow)
-        if spec is not None:
-            name, version = spec.name, spec.version if version is None else version
-        elif isinstance(workflow, str):
-            if version is None:
-                raise ConfigurationError(f"start({workflow!r}) needs version=: runs are pinned to an exact version")
-            name = workflow
-        else:
-            raise ConfigurationError(f"start() takes a @workflow function, a WorkflowDefinition or a name, got {workflow!r}")
-        task = WorkflowTask(name, version, dict(input or {}), checkpoint_id, concurrency_key=concurrency_key,
-                            concurrency_limit=concurrency_limit)
+        name, version = started(workflow, version)
+        task = WorkflowTask(name, version, {} if input is None else input, checkpoint_id,
+                            concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
         definition = self._definition(workflow, name, version)
         if definition is not None:
             bind_input(definition, dict(task.input))
@@ -167,13 +171,19 @@ class Client:
         return WorkflowDefinition(workflow) if spec is not None and spec.version == version else None
 
     async def get_handle(self, run_ref: str, workflow: Callable[..., Any] | WorkflowDefinition | None = None) -> RunHandle:
-        """A handle to an existing run (by run id or checkpoint id).
+        """A handle to an existing run (by run id or checkpoint id); ``workflow``, the run's code, gives its
+        result's type.
 
         Raises:
             RunNotFoundError: no such run.
+            ConfigurationError: ``workflow`` is not the run's ``(name, version)``.
         """
         info = await self.store.get_run(run_ref)
         spec = _spec_of(workflow) if workflow is not None else None
+        if spec is not None and (spec.name, spec.version) != (info.name, info.version):
+            raise ConfigurationError(
+                f"get_handle({run_ref!r}, ...) was given {spec.name} v{spec.version}, but the run is of {info.name} "
+                f"v{info.version}: pass that workflow, or none (its result is then plain JSON)")
         returns = spec.returns.get() if spec is not None else None
         return RunHandle(self, info.run_id, info.checkpoint_id, returns)
 

@@ -145,7 +145,7 @@ def step(
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
         _check_callable(fn, "step")
-        spec = StepSpec(_check_id(id or fn.__name__, "step"), fn, retry or RetryPolicy(), requires, _ReturnType(fn),
+        spec = StepSpec(_check_id(fn.__name__ if id is None else id, "step"), fn, retry or RetryPolicy(), requires, _ReturnType(fn),
                         timeout)
         plain = not inspect.iscoroutinefunction(fn)
 
@@ -211,7 +211,7 @@ def effect(
         if not positional_params(fn, 0):
             raise ConfigurationError(f"effect {fn.__name__!r} must take the idempotency key as its first parameter")
         spec = EffectSpec(
-            _check_id(id or fn.__name__, "effect"), fn, resume, reconcile, retry or RetryPolicy(),
+            _check_id(fn.__name__ if id is None else id, "effect"), fn, resume, reconcile, retry or RetryPolicy(),
             requires, timeout, _ReturnType(fn),
         )
 

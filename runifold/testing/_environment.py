@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any, final
 
 from runifold.client import Client, RunHandle
+from runifold.client._client import started
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import ConfigurationError
 from runifold.history import Entry, decode_event, fold
@@ -75,7 +76,13 @@ class WorkflowEnvironment:
     async def start(self, workflow: Callable[..., Any] | WorkflowDefinition | str, input: Mapping[str, Any] | None = None,
                     *, version: int | None = None, checkpoint_id: str | None = None,
                     concurrency_key: str | None = None, concurrency_limit: int | None = None) -> RunHandle:
-        """Start a run, as :meth:`runifold.Client.start` does (its input is checked against the workflow)."""
+        """Start a run, as :meth:`runifold.Client.start` does (its input is checked against the workflow).
+
+        Raises:
+            UnknownWorkflowError: this environment's registry does not hold the workflow (its worker could never
+                run it).
+        """
+        self.registry.definition_for(*started(workflow, version))
         return await self.client.start(workflow, input, version=version, checkpoint_id=checkpoint_id,
                                        concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
 

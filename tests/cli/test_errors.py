@@ -38,10 +38,17 @@ def test_bad_values_are_usage_errors(cli: Cli) -> None:
     one_line_error(cli("worker", "--grace", "1e300"), 2, "--grace")
     one_line_error(cli("worker", "--idle-wait", "-1"), 2, "--idle-wait")
     one_line_error(cli("worker", "--concurrency", "0"), 2, "--concurrency")
-    one_line_error(cli("worker", "--worker-id", ""), 2, "invalid worker id ''")
+    one_line_error(cli("worker", "--worker-id", ""), 2, "runifold worker: error: invalid worker id ''",
+                   "(see `runifold worker --help`)")
     one_line_error(cli("worker", env={"RUNIFOLD_WORKER_ID": ""}), 2, "invalid worker id ''")
     one_line_error(cli("runs", "list", "--limit", "0"), 2, "--limit")
     one_line_error(cli("runs", "list", "--no-such-flag"), 2, "unrecognized arguments: --no-such-flag")
+    # a variable's value is checked as the flag's is (helper-54: a bug's exit 3, a traceback, or nothing said)
+    one_line_error(cli("runs", "list", env={"RUNIFOLD_STATUS": "bogus"}), 2,
+                   "runifold runs list: error: argument --status: invalid choice: 'bogus' (from the flag or "
+                   "RUNIFOLD_STATUS; choose from 'ready',")
+    one_line_error(cli("runs", "list", env={"RUNIFOLD_LOG_LEVEL": "loud"}), 2, "invalid choice: 'loud'")
+    one_line_error(cli("runs", "list", env={"RUNIFOLD_LOG_FORMAT": "xml"}), 2, "invalid choice: 'xml'")
     one_line_error(cli("frobnicate"), 2, "invalid choice: 'frobnicate'")
     one_line_error(cli("replay", "c1", "--all"), 2, "not both")
     one_line_error(cli("replay", "c1", "--name", "steps"), 2, "--name picks the runs of --all")  # it was ignored

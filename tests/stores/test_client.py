@@ -11,6 +11,7 @@ import pytest
 
 from runifold import (
     Client,
+    ConfigurationError,
     EnqueueConflictError,
     InvalidInputError,
     SerializationError,
@@ -24,6 +25,7 @@ from runifold import (
     step,
     workflow,
 )
+from runifold.testing import WorkflowEnvironment
 from tests.support import worker
 
 
@@ -102,6 +104,27 @@ async def test_start_by_a_name_the_registry_lacks_is_refused(store: Any) -> None
     assert await store.list_runs() == []
     handle = await Client(store).start("no-such-flow", {}, version=1, checkpoint_id="x1")  # no registry: enqueued
     assert (await handle.status()).name == "no-such-flow"
+
+
+async def test_misused_start_and_get_handle_are_runifold_errors(store: Any) -> None:
+    """An input that is no mapping (Temporal's positional style) is InvalidInputError, as the docs say, not a bare
+    ValueError or TypeError; a handle typed by another workflow than the run's is refused; the testing kit refuses
+    to start what its worker could never run (helper-54). Nothing is enqueued by a refusal."""
+    client = Client(store, registry)
+    for given in ("ord_42", 1, ["n", 1]):
+        with pytest.raises(InvalidInputError, match="WorkflowTask.input must be a mapping of argument names"):
+            await client.start(stamping, given)  # type: ignore[arg-type]
+    assert await store.list_runs() == []
+    await client.start(stamping, {"n": 1}, checkpoint_id="s1")
+    with pytest.raises(ConfigurationError, match="was given parked-forever v1, but the run is of stamping v1"):
+        await client.get_handle("s1", parked_forever)
+    assert (await client.get_handle("s1", stamping)).run_id == (await client.get_handle("s1")).run_id
+    async with WorkflowEnvironment(WorkflowDefinition(stamping)) as env:
+        with pytest.raises(UnknownWorkflowError, match="no workflow 'parked-forever' version 1"):
+            await env.start(parked_forever, {})
+        with pytest.raises(InvalidInputError, match="must be a mapping"):
+            await env.start(stamping, 1)  # type: ignore[arg-type]
+        assert await env.result(await env.start(stamping, {"n": 2})) == dt.datetime(2026, 1, 3, tzinfo=dt.UTC)
 
 
 @pytest.mark.parametrize("open_store", ["memory", "postgres"], indirect=True)

@@ -56,7 +56,7 @@ def test_public_api_is_pinned() -> None:
         "LeaseDuration", "LeaseLost", "LeaseLostError", "NondeterminismError", "Outcome", "OutsideWorkflowError", "Phase",
         "RegistrationError", "ReplayReport", "Resolution", "ResumePolicy", "Retried", "RetryPolicy", "RunFailedError", "RunFailure", "RunHandle", "RunInfo",
         "RunNotFoundError", "RunStatus", "RunifoldError", "Schedule", "ScheduleInfo", "ScheduleNotFoundError",
-        "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalLimits", "SignalRejectedError",
+        "SerializationError", "SignalConflictError", "SignalEnvelope", "SignalGateway", "SignalLimits", "SignalReceipt", "SignalRejectedError",
         "StepFailedError", "StoreError", "StoreUnavailableError", "Supervisor", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
