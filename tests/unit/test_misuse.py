@@ -234,3 +234,12 @@ def test_a_workflow_version_beyond_what_stores_keep_is_refused_where_it_is_writt
     with pytest.raises(InvalidInputError, match="version must be a whole number from 1 to 2,147,483,647"):
         WorkflowTask("big", 2**31, {})
     assert WorkflowTask("big", 2**31 - 1, {}).version == 2**31 - 1
+
+
+@pytest.mark.parametrize("decorate", [lambda: step(id=""), lambda: effect(id="", resume=ResumePolicy.REPEAT)])
+def test_an_empty_id_is_refused_not_replaced_by_the_function_name(decorate: Any) -> None:
+    """`id=""` fell back to the function's name, silently (helper-54)."""
+    with pytest.raises(ConfigurationError, match="id '' is invalid"):
+        @decorate()
+        async def body(*args: Any) -> None:
+            return None
