@@ -84,9 +84,10 @@ async def retry_cmd(args: argparse.Namespace) -> int:
         _print_retry(results[0])
     else:
         done = sum(r["retried"] for r in results)
-        print(f"{done} failed run(s) of {printable(args.name)} retried" + (
+        which = printable(args.name) + ("" if args.version is None else f" v{args.version}")
+        print(f"{done} failed run(s) of {which} retried" + (
             f", {len(results) - done} skipped" if done < len(results) else "")
-            + ("" if results else " (no failed runs of that name: check it with `runifold runs list --name ...`)"))
+            + ("" if results else f" (no failed runs of {which}: check with `runifold runs list --name ...`)"))
     return 0 if all(r["retried"] for r in results) else 1
 
 

@@ -758,6 +758,10 @@ def _open_error(exc: sqlite3.Error, path: str) -> StoreError:
         return StoreUnavailableError(
             f"cannot open the SQLite database {where}: the directory {folder} does not exist; create it, "
             "or check the path")
+    if _errorname(exc) == "SQLITE_NOTADB":
+        return StoreUnavailableError(
+            f"cannot open the SQLite database {where}: the file is not a SQLite database (or is damaged); "
+            "check the path")
     return StoreUnavailableError(
         f"cannot open the SQLite database {where} ({_errorname(exc)}: {exc}); check that the path "
         "exists and is writable, or open it read-only (sqlite:///path?mode=ro) for commands that only read"

@@ -77,6 +77,14 @@ async def test_an_open_error_names_the_path(tmp_path: Path) -> None:
     assert str(path) in str(err.value)
     assert f"the directory {path.parent} does not exist" in str(err.value) and "read-only" not in str(err.value)
 
+    # a file that is not a database: said so (it said to check that the path is writable: helper-54)
+    other = tmp_path / "notes.db"
+    other.write_text("not a database, but a file of notes that happens to end in .db\n" * 100)
+    with pytest.raises(StoreUnavailableError) as err:
+        await SqliteWorkflowStore.open(str(other))
+    assert str(err.value) == (f"cannot open the SQLite database {other}: the file is not a SQLite database (or is "
+                              "damaged); check the path")
+
 
 @pytest.fixture
 def read_only_folder(tmp_path: Path) -> Iterator[Path]:
