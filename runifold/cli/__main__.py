@@ -37,7 +37,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn
 
 from runifold.cli import _drill, _keys, _logging, _operate, _recover, _runs, _schedules, _signals, _ui
-from runifold.cli._common import DEFAULT_STORE, UsageError, drop_output
+from runifold.cli._common import DEFAULT_STORE, ArgumentError, UsageError, drop_output
 from runifold.cli._text import printable
 from runifold.errors import ConfigurationError, RunifoldError, StoreError
 
@@ -69,9 +69,9 @@ def add_shared_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     group.add_argument("--json", action="store_true", default=default(False), help="machine-readable output on stdout")
     group.add_argument("--debug", action="store_true", default=default(False),
                        help="tracebacks with errors, and debug logs")
-    group.add_argument("--log-level", default=default("warning"), choices=_logging.LEVELS,
+    group.add_argument("--log-level", default=default("warning"), choices=_logging.LEVELS, type=str.lower,
                        help="least severe log records shown on stderr (default warning)")
-    group.add_argument("--log-format", default=default("console"), choices=_logging.FORMATS,
+    group.add_argument("--log-format", default=default("console"), choices=_logging.FORMATS, type=str.lower,
                        help="log records as text lines or JSON objects (default console)")
 
 
@@ -128,6 +128,8 @@ def apply_environment(parser: argparse.ArgumentParser) -> None:
             continue
         if not action.option_strings or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
             continue
+        if getattr(action, "no_environment", False):
+            continue
         name = env_name(action)
         action.help = f"{action.help or ''} (env {name})".strip()
         value = os.environ.get(name)
@@ -148,7 +150,7 @@ def _one_of(action: argparse.Action, name: str) -> Callable[[str], Any]:
     choices = action.choices
     assert choices is not None and callable(convert)
 
-    def one_of(text: str) -> Any:
+    def one_of(text: str) -> Any:  # (named as the flag's type is, in argparse's "invalid <type> value")
         value = convert(text)
         if value not in choices:
             raise argparse.ArgumentTypeError(
@@ -156,6 +158,7 @@ def _one_of(action: argparse.Action, name: str) -> Callable[[str], Any]:
                 f"{', '.join(repr(str(c)) for c in choices)})")
         return value
 
+    one_of.__name__ = getattr(convert, "__name__", "value")
     return one_of
 
 
@@ -279,13 +282,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _closed_pipe()
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except UsageError as exc:  # a bad argument the command found: said as argparse says one, naming the command
+    except ArgumentError as exc:  # a bad argument the command found: said as argparse says one, naming the command
         command = _parser_of(parser, args).prog
         if args.debug:
             traceback.print_exception(exc, file=sys.stderr)
         print(f"{command}: error: {printable(str(exc))} (see `{command} --help`)", file=sys.stderr)
         return EXIT_USAGE
-    except (ConfigurationError, StoreError, OSError) as exc:
+    except (UsageError, ConfigurationError, StoreError, OSError) as exc:
         return _fail(args, exc, EXIT_USAGE, "error: ")
     except RunifoldError as exc:
         return _fail(args, exc, EXIT_REFUSED, "")

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import atexit
+import asyncio
+import contextlib
 import getpass
 import importlib
 import json
 import math
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +38,44 @@ __all__ = ["DEFAULT_STORE", "UsageError", "checkpoint_id", "clip", "compact", "d
 
 
 class UsageError(Exception):
-    """Bad command-line input or configuration: exit code 2."""
+    """Bad command-line input or configuration: exit code 2, said as ``runifold: error: ...``."""
+
+
+class ArgumentError(UsageError):
+    """A value (or a combination) of a command's own arguments that the command refuses: said as argparse says a
+    bad argument, naming the command and its ``--help``."""
+
+
+def exit_on_stop_signals() -> None:
+    """The command has stopped (said so, released what it held): a SIGTERM or SIGINT from now on ends the process
+    at once, with status 0, as it was about to. A second signal sent just after the first otherwise killed it
+    during Python's exit (status 143). Until the threads are joined it ends the process at once (an exit held up
+    by a thread of the app's included); after that, when Python's exit no longer runs handlers and has no more
+    threads to wait for, it is ignored."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.remove_signal_handler(sig)  # (else closing the loop puts the default action back)
+            signal.signal(sig, _exit_now)
+    atexit.register(_ignore_stop_signals)  # (atexit runs once the threads are joined)
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(ValueError):
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _exit_now(signum: int, frame: object) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed stream, or its reader gone: nothing more to say
+            stream.flush()
+    os._exit(0)
+
+
+def without_environment(action: argparse.Action) -> None:
+    """Give ``action`` no environment variable (see ``apply_environment``)."""
+    action.no_environment = True  # type: ignore[attr-defined]
 
 
 async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: bool = False) -> WorkflowStore:
@@ -85,14 +126,14 @@ def parse_json(text: str, what: str) -> Any:
     except msgspec.DecodeError as exc:
         problem = _stdlib_only(text)
         if problem == "non-finite":
-            raise UsageError(f"{what} holds NaN or an infinity, which JSON cannot represent (and runifold does not "
+            raise ArgumentError(f"{what} holds NaN or an infinity, which JSON cannot represent (and runifold does not "
                              "record); use null or a string for a missing or unbounded number") from exc
         if problem == "surrogate":
-            raise UsageError(f"{what} holds a \\u escape of a lone surrogate (half of a UTF-16 pair), which is not "
+            raise ArgumentError(f"{what} holds a \\u escape of a lone surrogate (half of a UTF-16 pair), which is not "
                              "valid Unicode; write the character itself, or both halves of its pair") from exc
-        raise UsageError(f"{what} is not valid JSON ({exc}); quote it for the shell, e.g. '{{\"order_id\": \"o1\"}}'") from exc
+        raise ArgumentError(f"{what} is not valid JSON ({exc}); quote it for the shell, e.g. '{{\"order_id\": \"o1\"}}'") from exc
     except RecursionError:
-        raise UsageError(f"{what} is nested too deeply; pass flatter JSON") from None
+        raise ArgumentError(f"{what} is nested too deeply; pass flatter JSON") from None
 
 
 def _stdlib_only(text: str) -> str | None:

@@ -15,7 +15,8 @@ import msgspec
 
 from runifold._log import get_logger
 from runifold.cli._common import (
-    UsageError,
+    ArgumentError,
+    exit_on_stop_signals,
     checkpoint_id,
     drop_output,
     emit_json,
@@ -118,7 +119,7 @@ async def worker_cmd(args: argparse.Namespace) -> int:
     try:
         worker_id = WorkerId.parse(f"{socket.gethostname()}-{os.getpid()}" if args.worker_id is None else args.worker_id)
     except ConfigurationError as exc:  # a bad --worker-id (the host's name makes a good one)
-        raise UsageError(str(exc)) from None
+        raise ArgumentError(str(exc)) from None
     store = await store_of(args, create=True)
     try:
         worker = WorkflowWorker(store, registry, worker_id, LeaseDuration(timedelta(seconds=args.lease)),
@@ -135,21 +136,11 @@ async def worker_cmd(args: argparse.Namespace) -> int:
         await supervisor.run(handle_signals=False)
     finally:
         await store.close()
-    _stopped()
     counts = ", ".join(f"{name} {count}" for name, count in sorted(supervisor.outcomes.items())) or "nothing"
     _tell(args.json, {"event": "worker_stopped", "worker_id": str(worker_id), "outcomes": supervisor.outcomes},
           f"worker {worker_id} stopped: {counts}")
+    exit_on_stop_signals()
     return 0
-
-
-def _stopped() -> None:
-    """The worker has stopped: a SIGTERM or SIGINT from now on changes nothing, and the process exits as it
-    would have (a second signal sent just after the first otherwise killed it during Python's exit)."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(sig)  # (else closing the loop puts the default action back)
-            signal.signal(sig, signal.SIG_IGN)
 
 
 def _tell(as_json: bool, record: dict[str, object], line: str) -> None:
@@ -171,15 +162,15 @@ def _tell(as_json: bool, record: dict[str, object], line: str) -> None:
 async def enqueue_cmd(args: argparse.Namespace) -> int:
     data = parse_json(args.input, "--input")
     if not isinstance(data, dict):
-        raise UsageError("--input must be a JSON object of workflow arguments")
+        raise ArgumentError("--input must be a JSON object of workflow arguments")
     if (args.concurrency_key is None) != (args.concurrency_limit is None):
-        raise UsageError("--concurrency-key and --concurrency-limit go together: give both, or neither to use "
+        raise ArgumentError("--concurrency-key and --concurrency-limit go together: give both, or neither to use "
                          "the definition's ConcurrencyLimit")
     try:
         task = WorkflowTask(args.name, args.version, data, args.checkpoint_id, concurrency_key=args.concurrency_key,
                             concurrency_limit=args.concurrency_limit)
     except InvalidInputError as exc:  # a flag's value the task cannot take (NUL in a name or a checkpoint id, say)
-        raise UsageError(str(exc)) from exc
+        raise ArgumentError(str(exc)) from exc
     task = registry_of(args).validate(task)
     store = await store_of(args, create=True)
     try:

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._common import UsageError, emit_json, operator, positive_int, printable, store_of, text, version, when
+from runifold.cli._common import ArgumentError, emit_json, operator, positive_int, printable, store_of, text, version, when
 from runifold.errors import InvalidStateError
 from runifold.stores import RunStatus
 from runifold.worker import retry_run
@@ -44,11 +44,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 async def retry_cmd(args: argparse.Namespace) -> int:
     if args.run and (args.name or args.version is not None or args.status):
-        raise UsageError("give either a RUN, or --name (with --version and --status failed) for many runs, not both")
+        raise ArgumentError("give either a RUN, or --name (with --version and --status failed) for many runs, not both")
     if not args.run and not args.name:
-        raise UsageError("give a RUN to retry, or --name NAME --status failed to retry every failed run of a workflow")
+        raise ArgumentError("give a RUN to retry, or --name NAME --status failed to retry every failed run of a workflow")
     if args.name and args.status != RunStatus.FAILED:
-        raise UsageError("retrying many runs needs --status failed: only failed runs can be retried")
+        raise ArgumentError("retrying many runs needs --status failed: only failed runs can be retried")
     store = await store_of(args)
     results: list[dict[str, Any]] = []
     try:
@@ -121,21 +121,21 @@ def cutoff(text: str, now: float) -> float:
     if match:
         age = float(match.group(1)) * _UNIT[match.group(2)]
         if not age > 0:
-            raise UsageError(f"--finished-before {text!r} is an age of zero, which would purge every finished run; "
+            raise ArgumentError(f"--finished-before {text!r} is an age of zero, which would purge every finished run; "
                              "give a positive age (30d), or a date or time to purge what finished before it")
         if age > now:
-            raise UsageError(f"--finished-before {text!r} reaches back before 1970, before any run finished; "
+            raise ArgumentError(f"--finished-before {text!r} reaches back before 1970, before any run finished; "
                              f"give an age of at most {now // 86400:.0f}d")
         return now - age
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"--finished-before {text!r} is neither an age (30d, 12h, 90m, 45s) nor an ISO-8601 date "
+        raise ArgumentError(f"--finished-before {text!r} is neither an age (30d, 12h, 90m, 45s) nor an ISO-8601 date "
                          "(2026-01-31 or 2026-01-31T12:00:00Z)") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     if moment.timestamp() > now:
-        raise UsageError(f"--finished-before {text!r} is in the future, which would purge every finished run; "
+        raise ArgumentError(f"--finished-before {text!r} is in the future, which would purge every finished run; "
                          "give a date or time that has passed, or an age (30d)")
     return moment.timestamp()
 

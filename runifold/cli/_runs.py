@@ -8,7 +8,8 @@ from typing import Any
 import msgspec
 
 from runifold.cli._common import (
-    UsageError,
+    ArgumentError,
+    without_environment,
     clip,
     compact,
     emit_json,
@@ -62,11 +63,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     replay = sub.add_parser("replay", help="re-run stored histories against today's code (no writes, no bodies)")
     replay.add_argument("run", nargs="?", help="run id or checkpoint id")
-    replay.add_argument("--all", action="store_true", help="check every unfinished run (of --name, or of any name), "
+    replay.add_argument("--all", action="store_true", help="check every unfinished run (or of --status; of --name, or of any name), "
                         "reporting runs whose version the app does not register")
-    replay.add_argument("--name", help="with --all: only runs of this workflow")
-    replay.add_argument("--status", choices=[str(s) for s in RunStatus],
-                        help="with --all: the runs of this status instead of the unfinished ones, e.g. completed")
+    # (no environment variables: RUNIFOLD_NAME or RUNIFOLD_STATUS set for `runs list` or `retry` must not change
+    # what the check before a deploy checks)
+    without_environment(replay.add_argument("--name", help="with --all: only runs of this workflow"))
+    without_environment(replay.add_argument(
+        "--status", choices=[str(s) for s in RunStatus],
+        help="with --all: the runs of this status instead of the unfinished ones, e.g. completed"))
     replay.set_defaults(handler=replay_cmd)
 
 
@@ -93,7 +97,7 @@ def finished_at(info: RunInfo) -> float | None:
 async def runs_list(args: argparse.Namespace) -> int:
     status = RunStatus(args.status) if args.status else None
     if args.after is not None and ref_column(args.after) != "run_id":
-        raise UsageError(f"--after {args.after!r} is not a run id: give the last run id of the page before "
+        raise ArgumentError(f"--after {args.after!r} is not a run id: give the last run id of the page before "
                          "(runs list prints the command for the next page)")
     store = await store_of(args, readonly=True)
     try:
@@ -326,14 +330,14 @@ def _print_report(report: ReplayReport) -> None:
 async def replay_cmd(args: argparse.Namespace) -> int:
     registry = registry_of(args)
     if not args.all and not args.run:
-        raise UsageError("give a RUN to replay, or --all")
+        raise ArgumentError("give a RUN to replay, or --all")
     if args.all and args.run:
-        raise UsageError(f"give a RUN to replay or --all, not both (got {args.run!r} and --all)")
+        raise ArgumentError(f"give a RUN to replay or --all, not both (got {args.run!r} and --all)")
     if args.name is not None and not args.all:
-        raise UsageError(f"--name picks the runs of --all; a RUN is replayed whatever its workflow (drop --name, "
+        raise ArgumentError(f"--name picks the runs of --all; a RUN is replayed whatever its workflow (drop --name, "
                          f"or replay --all --name {args.name})")
     if args.status and not args.all:
-        raise UsageError("--status picks the runs of --all; a RUN is replayed whatever its status (drop --status, "
+        raise ArgumentError("--status picks the runs of --all; a RUN is replayed whatever its status (drop --status, "
                          "or replay --all --status ...)")
     store = await store_of(args, readonly=True)
     try:

@@ -7,7 +7,7 @@ import math
 from datetime import timedelta
 from typing import Any
 
-from runifold.cli._common import UsageError, emit_json, parse_json, registry_of, seconds, store_of, table, version, when
+from runifold.cli._common import ArgumentError, emit_json, parse_json, registry_of, seconds, store_of, table, version, when
 from runifold.errors import InvalidInputError
 from runifold.stores import Schedule, ScheduleInfo, WorkflowTask
 from runifold.worker._schedules import due_ticks
@@ -77,16 +77,16 @@ def _row(info: ScheduleInfo, now: float) -> dict[str, Any]:
 
 async def add_cmd(args: argparse.Namespace) -> int:
     if (args.cron is None) == (args.every is None):
-        raise UsageError("give one of --cron EXPRESSION or --every SECONDS (or RUNIFOLD_CRON, RUNIFOLD_EVERY)")
+        raise ArgumentError("give one of --cron EXPRESSION or --every SECONDS (or RUNIFOLD_CRON, RUNIFOLD_EVERY)")
     data = parse_json(args.input, "--input")
     if not isinstance(data, dict):
-        raise UsageError("--input must be a JSON object of workflow arguments")
+        raise ArgumentError("--input must be a JSON object of workflow arguments")
     try:
         schedule = Schedule(args.name, args.workflow, args.version, data, cron=args.cron,
                             every=None if args.every is None else timedelta(seconds=args.every),
                             timezone=args.timezone, catchup=timedelta(seconds=args.catchup))
     except InvalidInputError as exc:
-        raise UsageError(str(exc)) from exc
+        raise ArgumentError(str(exc)) from exc
     registry_of(args).validate(WorkflowTask(schedule.workflow, schedule.version, schedule.input))
     store = await store_of(args, create=True)
     try:

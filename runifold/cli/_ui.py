@@ -7,7 +7,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from runifold.cli._common import UsageError, emit_json, printable, registry_of, store_of
+from runifold.cli._common import UsageError, emit_json, exit_on_stop_signals, printable, registry_of, store_of
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8233
 EXTRA = "pip install '/path/to/runifold[ui]' from a checkout, or 'runifold[ui]' from a package index"
@@ -72,6 +72,7 @@ async def ui_cmd(args: argparse.Namespace) -> int:
             _announce(args, {"event": "ui_started", "url": address, "store": label,
                              "app": args.app, "read_only": True})
             await serve(create_app(store, registry, store_label=label, refresh=args.refresh), sock)
+            exit_on_stop_signals()  # (the view holds nothing: a signal now ends it at once)
     finally:
         await store.close()
     _announce(args, {"event": "ui_stopped"})

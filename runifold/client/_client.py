@@ -183,7 +183,8 @@ class Client:
         if spec is not None and (spec.name, spec.version) != (info.name, info.version):
             raise ConfigurationError(
                 f"get_handle({run_ref!r}, ...) was given {spec.name} v{spec.version}, but the run is of {info.name} "
-                f"v{info.version}: pass that workflow, or none (its result is then plain JSON)")
+                f"v{info.version}: pass that workflow, or none (its result is then typed by the client's registry, "
+                f"or plain JSON)")
         returns = spec.returns.get() if spec is not None else None
         return RunHandle(self, info.run_id, info.checkpoint_id, returns)
 

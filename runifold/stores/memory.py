@@ -358,7 +358,7 @@ class MemoryWorkflowStore:
     def _matching(self, status: RunStatus | None, name: str | None, version: int | None) -> list[_Run]:
         return [
             r for r in self._runs.values()
-            if (status is None or r.status is status) and (name is None or r.name == name)
+            if (status is None or r.status == status) and (name is None or r.name == name)
             and (version is None or r.version == version)
         ]
 

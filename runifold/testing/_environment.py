@@ -11,7 +11,7 @@ from runifold.client import Client, RunHandle
 from runifold.client._client import started
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import ConfigurationError
-from runifold.history import Entry, decode_event, fold
+from runifold.history import Entry, decode_event, fold, is_version
 from runifold.signals import SignalEnvelope, SignalGateway
 from runifold.stores import UNFINISHED, RunInfo, RunStatus, SignalReceipt
 from runifold.stores.memory import MemoryWorkflowStore
@@ -82,7 +82,9 @@ class WorkflowEnvironment:
             UnknownWorkflowError: this environment's registry does not hold the workflow (its worker could never
                 run it).
         """
-        self.registry.definition_for(*started(workflow, version))
+        name, version = started(workflow, version)
+        if is_version(version):  # (one that is not is refused as Client.start refuses it)
+            self.registry.definition_for(name, version)
         return await self.client.start(workflow, input, version=version, checkpoint_id=checkpoint_id,
                                        concurrency_key=concurrency_key, concurrency_limit=concurrency_limit)
 

@@ -258,8 +258,8 @@ class Replaying:
             self._deliver_next()
 
     def _result_what(self) -> str:
-        """The workflow's result, as an error names it."""
-        return f"the result of workflow {self.definition.spec.name!r}"
+        """What an error about the workflow's result names (as ``step x#1`` for a step's)."""
+        return f"workflow {self.definition.spec.name!r}"
 
     def _check_result(self, output: Any) -> None:
         """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""

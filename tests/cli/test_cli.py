@@ -70,7 +70,7 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     run_worker_until(cli, "g1", RunStatus.WAITING)
     diverged = cli("--app", "tests.cli.app:changed", "replay", "g1")
     assert diverged.returncode == 1 and "DIVERGED at a#1" in diverged.stdout
-    check_all = cli("--app", "tests.cli.app:changed", "replay", "--all")
+    check_all = cli("--app", "tests.cli.app:changed", "replay", "--all", env={"RUNIFOLD_STATUS": "completed"})
     assert check_all.returncode == 1 and "1 run(s) checked, 1 diverged" in check_all.stdout
     assert cli("replay", "--all").returncode == 0
     args = ["signal", "g1", "approval", "--payload", '{"ok": true}', "--signal-id", "s1", "--as", "alice", "--reason", "ship it"]
@@ -87,8 +87,11 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     # finished runs are checked when asked for (helper-51: no command replayed them all)
     assert "0 run(s) checked" in cli("replay", "--all").stdout
     assert "1 run(s) checked, 0 diverged" in cli("replay", "--all", "--status", "completed").stdout
-    finished = cli("--app", "tests.cli.app:changed", "replay", "--all", env={"RUNIFOLD_STATUS": "completed"})
+    finished = cli("--app", "tests.cli.app:changed", "replay", "--all", "--status", "completed")
     assert finished.returncode == 1 and "1 run(s) checked, 1 diverged" in finished.stdout
+    # a variable set for `runs list` changes nothing of the check before a deploy (helper-56)
+    assert cli("--app", "tests.cli.app:changed", "replay", "g1", env={"RUNIFOLD_STATUS": "failed",
+                                                                    "RUNIFOLD_NAME": "other"}).returncode == 1
     audit = cli("audit", "g1")
     assert audit.returncode == 0
     assert "rejected:bad_signature" in audit.stdout and "accepted" in audit.stdout and "duplicate" in audit.stdout

@@ -157,6 +157,10 @@ async def test_bulk_retry_retries_every_failed_run_of_a_workflow(cli: Cli) -> No
     listing = json.loads(cli("runs", "list", "--status", "ready", "--json", "--limit", "1000").stdout)
     assert listing["total"] == 105
     assert json.loads(cli("runs", "show", "other", "--json").stdout)["run"]["status"] == "failed"
+    none = cli("retry", "--name", "fragile", "--version", "2", "--status", "failed", "--reason", "r")
+    assert none.returncode == 0 and none.stdout == (  # (it said "of that name", whose runs were there: helper-54)
+        "0 failed run(s) of fragile v2 retried (no failed runs of fragile v2: check with `runifold runs list --name "
+        "...`)\n")
 
 
 async def test_wake_makes_a_rescheduled_or_diverged_run_due_now(any_cli: Cli) -> None:

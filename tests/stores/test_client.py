@@ -119,11 +119,15 @@ async def test_misused_start_and_get_handle_are_runifold_errors(store: Any) -> N
     with pytest.raises(ConfigurationError, match="was given parked-forever v1, but the run is of stamping v1"):
         await client.get_handle("s1", parked_forever)
     assert (await client.get_handle("s1", stamping)).run_id == (await client.get_handle("s1")).run_id
+    # a status given as its string finds the same runs on every store (the memory store found none: helper-56)
+    assert [r.checkpoint_id for r in await store.list_runs(status="ready")] == ["s1"]  # type: ignore[arg-type]
     async with WorkflowEnvironment(WorkflowDefinition(stamping)) as env:
         with pytest.raises(UnknownWorkflowError, match="no workflow 'parked-forever' version 1"):
             await env.start(parked_forever, {})
         with pytest.raises(InvalidInputError, match="must be a mapping"):
             await env.start(stamping, 1)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="version"):
+            await env.start(stamping, {"n": 1}, version="1")  # type: ignore[arg-type]
         assert await env.result(await env.start(stamping, {"n": 2})) == dt.datetime(2026, 1, 3, tzinfo=dt.UTC)
 
 

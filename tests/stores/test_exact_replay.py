@@ -464,8 +464,9 @@ def test_a_task_input_that_cannot_be_recorded_is_refused_with_serialization_erro
         WorkflowTask("odd-values", 1, {"which": value})
 
 
+@pytest.mark.parametrize("leaf", [1.0, None])
 @pytest.mark.parametrize("depth", [600, 900])
-def test_a_deep_task_input_the_encoder_takes_is_accepted_and_one_deeper_is_refused(depth: int) -> None:
+def test_a_deep_task_input_the_encoder_takes_is_accepted_and_one_deeper_is_refused(depth: int, leaf: Any) -> None:
     """An input nested as deeply as the encoder takes is one a task may hold; comparing it with a re-enqueued task's
     raised a bare RecursionError from depth 500 (helper-53). Deeper still, SerializationError says why."""
     def nested(levels: int) -> list[Any]:
@@ -473,11 +474,12 @@ def test_a_deep_task_input_the_encoder_takes_is_accepted_and_one_deeper_is_refus
         for _ in range(levels):
             inner.append([])
             inner = inner[0]
-        inner.append(1.0)
+        inner.append(leaf)  # (a null made the NaN check walk the value, recursively: refused from depth 500)
         return top
 
     task = WorkflowTask("deep", 1, {"x": nested(depth)})
-    assert task.input_json() == b'{"x":' + b"[" * (depth + 1) + b"1" + b"]" * (depth + 1) + b"}"
+    written = b"1" if leaf is not None else b"null"
+    assert task.input_json() == b'{"x":' + b"[" * (depth + 1) + written + b"]" * (depth + 1) + b"}"
     with pytest.raises(SerializationError, match="nested too deeply"):
         WorkflowTask("deep", 1, {"x": nested(depth + 1000)})
 
@@ -570,7 +572,7 @@ async def test_a_result_that_cannot_be_recorded_fails_the_run_and_replays_as_tha
     assert report.clean and report.finished
     if n:
         assert isinstance(outcome, Failed) and "NaN" in outcome.reason
-        assert outcome.reason.startswith("the result of workflow 'bad-result' cannot be recorded: it holds NaN")
+        assert outcome.reason.startswith("workflow 'bad-result' cannot be recorded: it holds NaN")
         assert report.error is not None and "NaN" in report.error
     else:
         assert isinstance(outcome, Completed) and report.error is None and report.result == {"ratio": 1.0}
