@@ -438,9 +438,16 @@ class LiveProgress:
 
     def _park(self, call: Call, reason: str, events: Sequence[AnyEvent] = ()) -> None:
         self.log.warning("effect_ambiguous", key=call.key, reason=reason)
-        self._buffer.extend(events)
-        self._buffer.append(EffectAmbiguous(key=call.key, reason=reason))
+        self._record_effect(*events, EffectAmbiguous(key=call.key, reason=reason))
         call.parked, call.in_doubt = reason, False
+
+    def _record_effect(self, *events: AnyEvent) -> None:
+        """Record what became known of an effect's outcome (a failure, an unknown outcome, a verdict, that it is
+        ambiguous): committed at once, not with the run's next outcome. An operator sees an ambiguous effect to
+        resolve while a sibling's body still runs, and a crash meanwhile does not lose what was learnt (a REPEAT's
+        backoff, a reconcile's verdict)."""
+        self._buffer.extend(events)
+        self._flush = True
 
     # -- bodies ---------------------------------------------------------------------------------
 
@@ -643,7 +650,10 @@ class LiveProgress:
             self._done(call, [event], error=failure)
             return
         self.usage.retries += 1
-        self._buffer.append(event)
+        if step:
+            self._buffer.append(event)  # (a crash meanwhile runs the step again: it is at least once)
+        else:
+            self._record_effect(event)
         call.attempt, call.due, call.error = attempt + 1, retry_at, error
 
     def _effect_finished(self, call: Call, value: Any, exc: BaseException | None) -> None:
@@ -676,12 +686,12 @@ class LiveProgress:
                 else:
                     # the provider is idempotent by key: the same key is tried again after the backoff
                     self.usage.retries += 1
-                    self._buffer.append(msgspec.structs.replace(unknown, retry_at=retry_at))
+                    self._record_effect(msgspec.structs.replace(unknown, retry_at=retry_at))
                     call.attempt, call.due, call.error = attempt + 1, retry_at, unknown.error
             case ResumePolicy.MANUAL:
                 self._park(call, "outcome unknown and the resume policy is MANUAL", [unknown])
             case ResumePolicy.RECONCILE:
-                self._buffer.append(unknown)
+                self._record_effect(unknown)
                 call.in_doubt, call.recovering = True, False  # reconcile at once, in this execution
             case _ as unreachable:
                 assert_never(unreachable)
@@ -711,12 +721,12 @@ class LiveProgress:
                            [EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)])
                 return
             if not self._retry_allowed(call):
-                self._buffer.append(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail))
+                self._record_effect(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail))
                 return
             # after a crash the next attempt runs at once; after an unknown outcome here, it backs off
             retry_at = None if call.recovering else self.store_time() + spec.retry.backoff(attempt + 1)
             self.usage.retries += 1
-            self._buffer.append(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail,
+            self._record_effect(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail,
                                                  retry_at=retry_at))
             call.in_doubt, call.recovering, call.attempt, call.due = False, False, attempt + 1, retry_at
         else:

@@ -380,3 +380,40 @@ async def test_cancelling_a_run_stops_its_step_bodies_in_flight(store: Any, n: i
     assert isinstance(lost, LeaseLost) and "the run was cancelled; nothing was written" in lost.detail
     assert calls == Counter({**{f"s{i} started": 1 for i in range(n)}, **{f"s{i} stopped": 1 for i in range(n)}})
     assert await event_types(store, "l1") == ["run_started", "run_cancelled"]
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def answers_nothing(key: str) -> int:
+    calls["answers-nothing"] += 1
+    raise TimeoutError("the provider did not answer")
+
+
+@step()
+async def takes_its_time() -> int:
+    await asyncio.sleep(1.5)
+    return 2
+
+
+@workflow("ambiguous-beside-a-step")
+async def ambiguous_beside_a_step(ctx: WorkflowContext) -> list[int]:
+    return list(await asyncio.gather(answers_nothing(), takes_its_time()))
+
+
+async def test_an_ambiguous_effect_is_recorded_at_once_while_a_sibling_step_runs(store: Any) -> None:
+    """An effect whose outcome is unknown is parked, and that is committed at once, so an operator can resolve it
+    while a sibling's body still runs (it waited for the sibling's outcome: `resolve` said the run had no ambiguous
+    effect, and a crash meanwhile lost the record: helper-55)."""
+    definition = WorkflowDefinition(ambiguous_beside_a_step)
+    await store.enqueue(WorkflowTask("ambiguous-beside-a-step", 1, {}, checkpoint_id="ab1"))
+    running = asyncio.ensure_future(worker(store, definition).run_once())
+    deadline = time.monotonic() + 1.0  # well before the sibling's 1.5 s body ends
+    while "effect_ambiguous" not in await event_types(store, "ab1"):
+        assert time.monotonic() < deadline, await event_types(store, "ab1")
+        await asyncio.sleep(0.02)
+    assert "step_completed" not in await event_types(store, "ab1")
+    # the operator resolves it at once: the worker holding the run is fenced (its step runs again), as by a cancel
+    await resolve_effect(store, WorkflowRegistry(definition), "ab1", "1/answers_nothing#1", Resolution.APPLIED,
+                         output=7, by="ops", reason="seen in the provider's console")
+    assert isinstance(await running, LeaseLost)
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == [7, 2] and calls["answers-nothing"] == 1
