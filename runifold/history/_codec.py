@@ -430,7 +430,7 @@ def accept(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     """
     if type_ is Any:
         return record(value, type_, what=what)
-    advice = f"give the JSON data of a {_name(type_)}"
+    advice = f"give JSON data of type {_name(type_)}"
     return record(convert(to_plain(value, what=what), type_, what=what, advice=advice, strict=True), type_, what=what)
 
 

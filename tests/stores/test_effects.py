@@ -191,7 +191,7 @@ async def test_an_applied_resolution_must_fit_the_effect_return_type(store: Any)
     await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="e1"))
     assert isinstance(await worker(store, definition).run_once(), Suspended)
     before = await store.history("e1")
-    with pytest.raises(SerializationError, match="does not fit its annotated type str .*give the JSON data of a str"):
+    with pytest.raises(SerializationError, match="does not fit its annotated type str .*give JSON data of type str"):
         await resolve_effect(store, registry, "e1", "unsure#1", Resolution.APPLIED, by="ops", reason="x",
                              output={"not": "a string"})
     assert await store.history("e1") == before and (await store.get_run("e1")).status is RunStatus.PARKED
