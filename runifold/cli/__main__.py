@@ -136,12 +136,23 @@ def apply_environment(parser: argparse.ArgumentParser) -> None:
         if value is None or action.default is argparse.SUPPRESS:  # a shared flag's copy: the top level reads it
             continue
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            action.default = value.lower() in ("1", "true", "yes", "on")
+            flag = value.strip().lower()
+            action.default = (flag in _TRUE if flag in _TRUE + _FALSE else
+                              _Unreadable(f"{name}={value!r} is neither true (1, true, yes, on) nor false (0, false, "
+                                          f"no, off, or empty)"))
         else:
             action.default = value  # argparse converts string defaults with the flag's type
             if action.choices is not None:
                 action.type = _one_of(action, name)  # ... but checks choices only of what the command line gave
         action.required = False
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class _Unreadable(str):
+    """A switch's environment variable that reads as neither true nor false: refused once its command is parsed."""
 
 
 def _one_of(action: argparse.Action, name: str) -> Callable[[str], Any]:
@@ -269,6 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _parser_of(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
         if args.command is None:
             parser.error("the following arguments are required: COMMAND")
+        unreadable = next(((d, v) for d, v in vars(args).items() if isinstance(v, _Unreadable)), None)
+        if unreadable is not None:  # a shared flag's is said as runifold's own, a command's as that command's
+            shared = any(a.dest == unreadable[0] for a in parser._actions)
+            (parser if shared else _parser_of(parser, args)).error(unreadable[1])
     except SystemExit as exc:  # --help and --version (0), or a usage error argparse already printed (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except BrokenPipeError:

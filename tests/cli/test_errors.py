@@ -50,6 +50,10 @@ def test_bad_values_are_usage_errors(cli: Cli) -> None:
     one_line_error(cli("runs", "list", env={"RUNIFOLD_LOG_LEVEL": "loud"}), 2, "invalid choice: 'loud'")
     one_line_error(cli("runs", "list", env={"RUNIFOLD_LOG_FORMAT": "xml"}), 2, "invalid choice: 'xml'")
     assert "no SQLite store" in cli("runs", "list", env={"RUNIFOLD_LOG_LEVEL": "INFO"}).stderr  # any case, as before
+    one_line_error(cli("runs", "list", env={"RUNIFOLD_JSON": "ture"}), 2, "runifold: error: RUNIFOLD_JSON='ture' is "
+                   "neither true (1, true, yes, on) nor false (0, false, no, off, or empty)")
+    one_line_error(cli("replay", env={"RUNIFOLD_ALL": "2"}), 2, "runifold replay: error: RUNIFOLD_ALL='2'")
+    assert "no SQLite store" in cli("runs", "list", env={"RUNIFOLD_JSON": "Off"}).stderr
     one_line_error(cli("frobnicate"), 2, "invalid choice: 'frobnicate'")
     one_line_error(cli("replay", "c1", "--all"), 2, "not both")
     one_line_error(cli("replay", "c1", "--name", "steps"), 2, "--name picks the runs of --all")  # it was ignored
