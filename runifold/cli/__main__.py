@@ -32,9 +32,9 @@ import asyncio
 import os
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from runifold.cli import _drill, _keys, _logging, _operate, _recover, _runs, _schedules, _signals, _ui
 from runifold.cli._common import DEFAULT_STORE, ArgumentError, UsageError, drop_output
@@ -135,15 +135,7 @@ def apply_environment(parser: argparse.ArgumentParser) -> None:
         value = os.environ.get(name)
         if value is None or action.default is argparse.SUPPRESS:  # a shared flag's copy: the top level reads it
             continue
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            flag = value.strip().lower()
-            action.default = (flag in _TRUE if flag in _TRUE + _FALSE else
-                              _Unreadable(f"{name}={value!r} is neither true (1, true, yes, on) nor false (0, false, "
-                                          f"no, off, or empty)"))
-        else:
-            action.default = value  # argparse converts string defaults with the flag's type
-            if action.choices is not None:
-                action.type = _one_of(action, name)  # ... but checks choices only of what the command line gave
+        action.default = _from_environment(action, name, value)
         action.required = False
 
 
@@ -151,26 +143,31 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
 
 
-class _Unreadable(str):
-    """A switch's environment variable that reads as neither true nor false: refused once its command is parsed."""
+class _Unreadable:
+    """An environment variable's value that its flag does not take: refused once its command is parsed (argparse
+    checks a flag's choices only of what the command line gave, and a switch takes no value there at all)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
 
 
-def _one_of(action: argparse.Action, name: str) -> Callable[[str], Any]:
-    """The flag's type, refusing what is not one of its choices: an environment variable's value too."""
-    convert = action.type or str
-    choices = action.choices
-    assert choices is not None and callable(convert)
-
-    def one_of(text: str) -> Any:  # (named as the flag's type is, in argparse's "invalid <type> value")
-        value = convert(text)
-        if value not in choices:
-            raise argparse.ArgumentTypeError(
-                f"invalid choice: {text!r} (from the flag or {name}; choose from "
-                f"{', '.join(repr(str(c)) for c in choices)})")
-        return value
-
-    one_of.__name__ = getattr(convert, "__name__", "value")
-    return one_of
+def _from_environment(action: argparse.Action, name: str, value: str) -> object:
+    """The default that the variable ``name`` set to ``value`` gives ``action``."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        flag = value.strip().lower()
+        if flag in _TRUE + _FALSE:
+            return flag in _TRUE
+        return _Unreadable(f"{name}={value!r} is neither true (1, true, yes, on) nor false (0, false, no, off, "
+                           "or empty)")
+    if action.choices is not None:
+        try:
+            chosen = (action.type or str)(value)  # type: ignore[operator]
+        except (TypeError, ValueError, argparse.ArgumentTypeError):
+            return value  # argparse says what is wrong with it, as of the flag's own value
+        if chosen not in action.choices:
+            return _Unreadable(f"argument {'/'.join(action.option_strings)}: invalid choice: {value!r} (from the "
+                               f"flag or {name}; choose from {', '.join(repr(str(c)) for c in action.choices)})")
+    return value  # argparse converts string defaults with the flag's type
 
 
 def _not_utf8(arguments: Sequence[str]) -> str | None:
@@ -283,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         unreadable = next(((d, v) for d, v in vars(args).items() if isinstance(v, _Unreadable)), None)
         if unreadable is not None:  # a shared flag's is said as runifold's own, a command's as that command's
             shared = any(a.dest == unreadable[0] for a in parser._actions)
-            (parser if shared else _parser_of(parser, args)).error(unreadable[1])
+            (parser if shared else _parser_of(parser, args)).error(unreadable[1].message)
     except SystemExit as exc:  # --help and --version (0), or a usage error argparse already printed (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except BrokenPipeError:

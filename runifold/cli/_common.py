@@ -127,10 +127,10 @@ def parse_json(text: str, what: str) -> Any:
         problem = _stdlib_only(text)
         if problem == "non-finite":
             raise ArgumentError(f"{what} holds NaN or an infinity, which JSON cannot represent (and runifold does not "
-                             "record); use null or a string for a missing or unbounded number") from exc
+                                "record); use null or a string for a missing or unbounded number") from exc
         if problem == "surrogate":
             raise ArgumentError(f"{what} holds a \\u escape of a lone surrogate (half of a UTF-16 pair), which is not "
-                             "valid Unicode; write the character itself, or both halves of its pair") from exc
+                                "valid Unicode; write the character itself, or both halves of its pair") from exc
         raise ArgumentError(f"{what} is not valid JSON ({exc}); quote it for the shell, e.g. '{{\"order_id\": \"o1\"}}'") from exc
     except RecursionError:
         raise ArgumentError(f"{what} is nested too deeply; pass flatter JSON") from None

@@ -165,7 +165,7 @@ async def enqueue_cmd(args: argparse.Namespace) -> int:
         raise ArgumentError("--input must be a JSON object of workflow arguments")
     if (args.concurrency_key is None) != (args.concurrency_limit is None):
         raise ArgumentError("--concurrency-key and --concurrency-limit go together: give both, or neither to use "
-                         "the definition's ConcurrencyLimit")
+                            "the definition's ConcurrencyLimit")
     try:
         task = WorkflowTask(args.name, args.version, data, args.checkpoint_id, concurrency_key=args.concurrency_key,
                             concurrency_limit=args.concurrency_limit)

@@ -122,21 +122,21 @@ def cutoff(text: str, now: float) -> float:
         age = float(match.group(1)) * _UNIT[match.group(2)]
         if not age > 0:
             raise ArgumentError(f"--finished-before {text!r} is an age of zero, which would purge every finished run; "
-                             "give a positive age (30d), or a date or time to purge what finished before it")
+                                "give a positive age (30d), or a date or time to purge what finished before it")
         if age > now:
             raise ArgumentError(f"--finished-before {text!r} reaches back before 1970, before any run finished; "
-                             f"give an age of at most {now // 86400:.0f}d")
+                                f"give an age of at most {now // 86400:.0f}d")
         return now - age
     try:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
         raise ArgumentError(f"--finished-before {text!r} is neither an age (30d, 12h, 90m, 45s) nor an ISO-8601 date "
-                         "(2026-01-31 or 2026-01-31T12:00:00Z)") from None
+                            "(2026-01-31 or 2026-01-31T12:00:00Z)") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     if moment.timestamp() > now:
         raise ArgumentError(f"--finished-before {text!r} is in the future, which would purge every finished run; "
-                         "give a date or time that has passed, or an age (30d)")
+                            "give a date or time that has passed, or an age (30d)")
     return moment.timestamp()
 
 

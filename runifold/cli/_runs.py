@@ -98,7 +98,7 @@ async def runs_list(args: argparse.Namespace) -> int:
     status = RunStatus(args.status) if args.status else None
     if args.after is not None and ref_column(args.after) != "run_id":
         raise ArgumentError(f"--after {args.after!r} is not a run id: give the last run id of the page before "
-                         "(runs list prints the command for the next page)")
+                            "(runs list prints the command for the next page)")
     store = await store_of(args, readonly=True)
     try:
         # one run more than the page: whether there is a next page at all
@@ -335,10 +335,10 @@ async def replay_cmd(args: argparse.Namespace) -> int:
         raise ArgumentError(f"give a RUN to replay or --all, not both (got {args.run!r} and --all)")
     if args.name is not None and not args.all:
         raise ArgumentError(f"--name picks the runs of --all; a RUN is replayed whatever its workflow (drop --name, "
-                         f"or replay --all --name {args.name})")
+                            f"or replay --all --name {args.name})")
     if args.status and not args.all:
         raise ArgumentError("--status picks the runs of --all; a RUN is replayed whatever its status (drop --status, "
-                         "or replay --all --status ...)")
+                            "or replay --all --status ...)")
     store = await store_of(args, readonly=True)
     try:
         if args.all:

@@ -136,7 +136,8 @@ class LiveProgress:
         event holds the payload as it came, and is committed after workflow code has run on (it may change what
         it was given, which must not change what is recorded)."""
         try:
-            return convert(to_plain(payload, what=f"the payload of signal {call.name!r}"), call.returns, what=f"the payload of signal {call.name!r} ({call.key})",
+            what = f"the payload of signal {call.name!r} ({call.key})"
+            return convert(to_plain(payload, what=what), call.returns, what=what,
                            advice="the sender must send a payload of that type", strict=True), None
         except SerializationError as exc:
             return None, exc
