@@ -9,6 +9,7 @@ to the workflow's return annotation, or raises the run's failure.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -59,10 +60,15 @@ class RunHandle:
         Raises:
             RunFailedError: the run failed or was cancelled (its reason, error type and traceback).
             TimeoutError: ``timeout`` passed first; the run goes on.
+            ConfigurationError: ``timeout`` is not a number of seconds, a ``timedelta`` or None.
         """
         store = self._client.store
         if isinstance(timeout, timedelta):
             timeout = timeout.total_seconds()
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or math.isnan(timeout)):
+            raise ConfigurationError(
+                f"result(timeout=...) takes seconds as a number, a timedelta or None, got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         interval = POLL_SECONDS[0]
         while True:

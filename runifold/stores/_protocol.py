@@ -604,7 +604,13 @@ def check_text(value: str, *, what: str) -> None:
 
     Values (inputs, outputs, payloads) are JSON and may hold any valid Unicode,
     NUL included; identifiers and reasons are plain text columns.
+
+    Raises:
+        InvalidInputError: ``value`` is not a string.
+        SerializationError: it holds NUL or invalid Unicode.
     """
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__} {value!r}")
     if "\x00" in value:
         raise SerializationError(f"{what} {value!r} holds a NUL character, which a store cannot keep in a text "
                                  "column; remove it (values may hold NUL: they are stored as JSON)")

@@ -119,6 +119,15 @@ async def test_misused_start_and_get_handle_are_runifold_errors(store: Any) -> N
     with pytest.raises(ConfigurationError, match="was given parked-forever v1, but the run is of stamping v1"):
         await client.get_handle("s1", parked_forever)
     assert (await client.get_handle("s1", stamping)).run_id == (await client.get_handle("s1")).run_id
+    # a reference or a timeout of the wrong type is a runifold error, not a bare TypeError (helper-56)
+    for ref in (123, None, b"s1"):
+        with pytest.raises(InvalidInputError, match="the run reference must be a string, got"):
+            await client.get_handle(ref)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="the run reference must be a string, got"):
+            await store.history(ref)
+    for timeout in ("1", float("nan"), True):
+        with pytest.raises(ConfigurationError, match="takes seconds as a number, a timedelta or None"):
+            await (await client.get_handle("s1")).result(timeout=timeout)  # type: ignore[arg-type]
     # a status given as its string finds the same runs on every store (the memory store found none: helper-56)
     assert [r.checkpoint_id for r in await store.list_runs(status="ready")] == ["s1"]  # type: ignore[arg-type]
     async with WorkflowEnvironment(WorkflowDefinition(stamping)) as env:
