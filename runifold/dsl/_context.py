@@ -25,7 +25,7 @@ import msgspec
 
 from runifold.dsl._definition import WORKFLOW_ATTR, EffectSpec, StepSpec, WorkflowSpec, check_signal_name
 from runifold.errors import ChildFailedError, ConfigurationError, OutsideWorkflowError
-from runifold.history import RunCancelled, RunCompleted, RunFailed, convert, decode_event
+from runifold.history import RunCancelled, RunCompleted, RunFailed, child_signal, convert, decode_event
 
 R = TypeVar("R")
 
@@ -273,7 +273,7 @@ class ChildHandle(Generic[R]):
             SerializationError: its output does not fit the child workflow's return type.
         """
         b = _binding()
-        last = await b.driver.wait_signal(b.scope, f"child:{self.run_id}", None, Any)
+        last = await b.driver.wait_signal(b.scope, child_signal(self.run_id), None, Any)
         event = decode_event(msgspec.json.encode(last), where=f"the last event of child run {self.run_id}")
         match event:
             case RunCompleted(output=output):

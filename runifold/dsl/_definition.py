@@ -15,6 +15,7 @@ from typing import Any, final
 
 from runifold.dsl._concurrency import ConcurrencyLimit
 from runifold.errors import ConfigurationError
+from runifold.history import CHILD_SIGNAL_PREFIX
 
 WORKFLOW_ATTR = "__runifold_workflow__"
 
@@ -28,6 +29,10 @@ def check_signal_name(name: str) -> str:
         raise ConfigurationError(
             f"invalid signal name {name!r}: use 1-100 letters, digits and '_.:-' (for example 'approval')"
         )
+    if name.startswith(CHILD_SIGNAL_PREFIX):
+        raise ConfigurationError(
+            f"invalid signal name {name!r}: names starting with {CHILD_SIGNAL_PREFIX!r} are reserved for the results "
+            "of child runs (await the child's handle instead)")
     return name
 
 

@@ -35,6 +35,7 @@ from runifold.history._codec import (
     to_plain,
 )
 from runifold.history._events import (
+    CHILD_SIGNAL_PREFIX,
     MAX_VERSION,
     TERMINAL_EVENTS,
     AnyEvent,
@@ -65,13 +66,14 @@ from runifold.history._events import (
     UsageCharged,
     ValueRecorded,
     Verdict,
+    child_signal,
     is_version,
     type_tag,
 )
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "MAX_VERSION", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
+    "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
     "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",

@@ -22,6 +22,16 @@ class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True, omit_de
     key: str = ""
 
 
+#: the prefix of the signal (name and id) a finished child run posts to its parent: reserved for the store,
+#: so no sender's signal and no workflow's own wait can take a child's result or its place in the inbox
+CHILD_SIGNAL_PREFIX = "child:"
+
+
+def child_signal(run_id: str) -> str:
+    """The name (and signal id) of the signal the child run ``run_id`` posts to its parent when it finishes."""
+    return f"{CHILD_SIGNAL_PREFIX}{run_id}"
+
+
 #: the highest workflow version: every store keeps versions in a 32-bit integer column
 MAX_VERSION = 2**31 - 1
 

@@ -9,6 +9,7 @@ from typing import Any, final
 from runifold.errors import ConfigurationError, SerializationError, SignalRejectedError
 from runifold.history import encode_value
 from runifold.signals._auth import SignalEnvelope
+from runifold.stores._protocol import check_unreserved
 
 #: how many characters of a refused text field a rejected attempt keeps in the audit
 _KEPT_OF_REFUSED = 200
@@ -70,6 +71,8 @@ class SignalLimits:
                 raise SignalRejectedError("too_large", f"{field} has {len(value):,} characters; the limit is {limit:,}")
             if not value.isprintable():
                 raise SignalRejectedError("invalid", f"{field} holds control or other non-printable characters")
+            if field in ("name", "signal_id"):
+                check_unreserved(field, value)
         if not isinstance(envelope.reason, str):
             raise SignalRejectedError("invalid", "reason must be a string")
         if len(envelope.reason) > self.max_reason:

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, final
 
 import msgspec
 
-from runifold.errors import InvalidInputError, SerializationError
+from runifold.errors import InvalidInputError, SerializationError, SignalRejectedError
 from runifold.history import (
+    CHILD_SIGNAL_PREFIX,
     MAX_VERSION,
     RunStarted,
     canonical,
@@ -124,6 +125,11 @@ class WorkflowTask:
                 f"checkpoint_id {self.checkpoint_id!r} starts with {RUN_ID_PREFIX!r}, which is reserved for run ids "
                 "(a reference starting with it always names a run id); choose a checkpoint id without that prefix"
             )
+        if self.checkpoint_id is not None and self.checkpoint_id.startswith(CHILD_SIGNAL_PREFIX) \
+                and self.parent_run_id is None:
+            raise InvalidInputError(
+                f"checkpoint_id {self.checkpoint_id!r} starts with {CHILD_SIGNAL_PREFIX!r}, which is reserved for the "
+                "child runs a workflow starts (ctx.start_child); choose a checkpoint id without that prefix")
         if self.parent_run_id is not None and ref_column(self.parent_run_id) != "run_id":
             raise InvalidInputError(f"parent_run_id must be a run id, got {self.parent_run_id!r}")
         try:
@@ -283,6 +289,19 @@ class RunInfo(msgspec.Struct, frozen=True):
     concurrency_limit: int | None = None
 
 
+def check_unreserved(field: str, value: str) -> None:
+    """Refuse a signal name or id that takes the form of a child run's result (``child:...``): only a store posts
+    those, so a sender cannot pose as a child that finished, or take its signal id and leave the parent waiting.
+
+    Raises:
+        SignalRejectedError: ``invalid``.
+    """
+    if value.startswith(CHILD_SIGNAL_PREFIX):
+        raise SignalRejectedError(
+            "invalid", f"{field} {value[:40]!r} starts with {CHILD_SIGNAL_PREFIX!r}, which is reserved for the results "
+            "of child runs; choose another")
+
+
 class SignalDelivery(msgspec.Struct, frozen=True):
     """An authenticated signal for a store to deliver.
 
@@ -306,6 +325,8 @@ class SignalDelivery(msgspec.Struct, frozen=True):
         for value, what in ((self.signal_id, "the signal id"), (self.name, "the signal name"),
                             (self.sender, "the sender"), (self.key_id, "the key id"), (self.reason, "the reason")):
             check_text(value, what=what)
+        check_unreserved("signal_id", self.signal_id)
+        check_unreserved("name", self.name)
 
     def payload_json(self) -> str:
         """The payload as the JSON text stores keep (any valid Unicode, NUL included)."""

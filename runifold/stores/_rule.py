@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from runifold.history import child_signal as child_signal
 from runifold.errors import RUN_CANCELLED, RUN_GONE, InvalidStateError, SignalRejectedError
 from runifold.stores._protocol import EventRow, Lease, RunColumns, RunStatus
 
@@ -223,11 +224,6 @@ def enqueue_verdict(
 
 #: the sender of the signals a finished child run posts to its parent
 CHILD_SENDER = "runifold"
-
-
-def child_signal(run_id: str) -> str:
-    """The name (and signal id) of the signal a finished child run posts to its parent."""
-    return f"child:{run_id}"
 
 
 def child_notice(status: RunStatus, parent_run_id: str | None, last_body: str | None) -> bool:

@@ -9,7 +9,7 @@ from typing import Any
 
 from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import EffectFailedError, NondeterminismError, StepFailedError
-from runifold.history import CallKind
+from runifold.history import CHILD_SIGNAL_PREFIX, CallKind
 from runifold.stores import Lease, WorkflowStore
 
 
@@ -95,8 +95,8 @@ def why(call: Call) -> str:
     if call.parked is not None:
         return f"effect {call.key} is ambiguous: {call.parked}"
     match call.kind:
-        case CallKind.SIGNAL if call.name.startswith("child:"):
-            return f"child run {call.name.removeprefix('child:')} to finish"
+        case CallKind.SIGNAL if call.name.startswith(CHILD_SIGNAL_PREFIX):
+            return f"child run {call.name.removeprefix(CHILD_SIGNAL_PREFIX)} to finish"
         case CallKind.SIGNAL:
             return f"signal {call.name!r} ({call.key})"
         case CallKind.TIMER:

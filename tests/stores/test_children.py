@@ -13,6 +13,10 @@ import pytest
 
 from runifold import (
     ChildFailedError,
+    ConfigurationError,
+    InvalidInputError,
+    SignalGateway,
+    SignalRejectedError,
     RunStatus,
     Supervisor,
     WorkflowContext,
@@ -24,7 +28,9 @@ from runifold import (
     workflow,
 )
 from runifold.history import ChildStarted, RunFailed, RunStarted, SignalReceived, fold
+from runifold.stores import SignalDelivery
 from runifold.worker._admin import child_runs
+from tests.stores.test_waits import envelope, keyring
 from tests.support import entries, send_signal, worker
 
 calls: Counter[str] = Counter()
@@ -100,7 +106,7 @@ async def limited_parent(ctx: WorkflowContext) -> str:
 
 registry = WorkflowRegistry(WorkflowDefinition(billing), WorkflowDefinition(orders), WorkflowDefinition(limited_parent),
                             WorkflowDefinition(approved_billing, signals={"approve": {"*"}}),
-                            WorkflowDefinition(waits_on_a_child),
+                            WorkflowDefinition(waits_on_a_child, signals={"go": {"alice"}}),
                             WorkflowDefinition(outlives_its_child, signals={"go": {"*"}}),
                             WorkflowDefinition(shares_a_child))
 
@@ -231,3 +237,30 @@ async def test_a_checkpoint_id_names_the_child_of_one_parent_only(store: Any) ->
     failed = (await entries(store, "b"))[-1].event
     assert isinstance(failed, RunFailed) and failed.key == "child.billing#1"
     assert failed.error_type == "runifold.errors.EnqueueConflictError" and "shared-child" in failed.reason
+
+
+async def test_no_sender_can_take_a_childs_signal_id_or_name(store: Any) -> None:
+    """A sender allowed to signal a parent sends it a signal under the id (or the name) of its child's result,
+    ``child:<child run id>``: it is refused (``invalid``) and audited; the child's result still reaches the
+    parent, which completes. Before, the store kept the sender's signal under that id and dropped the child's
+    result (an insert that ignores a duplicate id): the parent waited for ever (helper-57, every store)."""
+    await store.enqueue(WorkflowTask("waits-on-a-child", 1, {}, checkpoint_id="p9"))
+    await run_until(store, "p9", RunStatus.WAITING)
+    (child,) = fold(await entries(store, "p9")).children.values()
+    gateway = SignalGateway(store, registry, keyring())
+    for signal_id, name in ((f"child:{child}", "go"), ("g1", f"child:{child}"), ("g2", "child:x")):
+        with pytest.raises(SignalRejectedError, match="reserved for the results of child runs") as caught:
+            await gateway.send(envelope("p9", signal_id, await store.now(), name=name))
+        assert caught.value.verdict == "invalid"
+    assert [a.verdict for a in await store.audit("p9")] == ["rejected:invalid"] * 3
+    parent = await store.get_run("p9")
+    with pytest.raises(SignalRejectedError, match="reserved"):  # the store's own input refuses it too
+        SignalDelivery("p9", parent.run_id, f"child:{child}", "go", {}, "alice", "alice-1", "r", "sha256:x")
+    assert await store.inbox(parent.run_id) == []
+    await send_signal(store, child, "approve", "a1")
+    await run_until(store, "p9", RunStatus.COMPLETED)
+    # nor may a workflow declare or wait for such a name, or a task outside a parent take a child's checkpoint id
+    with pytest.raises(ConfigurationError, match="reserved for the results of child runs"):
+        WorkflowDefinition(approved_billing, signals={"child:x": {"*"}})
+    with pytest.raises(InvalidInputError, match="reserved for the child runs a workflow starts"):
+        WorkflowTask("billing", 1, {"order_id": "o", "amount": 1}, checkpoint_id=f"child:{parent.run_id}:x")
