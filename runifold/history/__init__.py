@@ -37,6 +37,7 @@ from runifold.history._codec import (
 from runifold.history._events import (
     CHILD_SIGNAL_PREFIX,
     MAX_VERSION,
+    NEVER_FIRES,
     TERMINAL_EVENTS,
     AnyEvent,
     CallCancelled,
@@ -73,7 +74,7 @@ from runifold.history._events import (
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
+    "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "NEVER_FIRES", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
     "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",

@@ -165,7 +165,7 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
 
 @dataclass(frozen=True)
 class TimerPending:
-    fire_at: float
+    fire_at: float | None  # None: never
 
 
 @dataclass(frozen=True)
@@ -178,8 +178,8 @@ def timer_state(events: Sequence[AnyEvent]) -> Fresh | TimerPending | TimerDone 
     state: Fresh | TimerPending | TimerDone | Cancelled = Fresh()
     for event in events:
         match event:
-            case TimerStarted(fire_at=fire_at):
-                state = TimerPending(fire_at)
+            case TimerStarted():
+                state = TimerPending(event.due)
             case TimerFired():
                 state = TimerDone()
             case CallCancelled():

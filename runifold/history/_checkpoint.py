@@ -144,8 +144,8 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 pass
             case ChildStarted(key=key, run_id=child):
                 children[key] = child
-            case TimerStarted(key=key, fire_at=fire_at):
-                waits[key] = Wait(key, "timer", fire_at)
+            case TimerStarted(key=key):
+                waits[key] = Wait(key, "timer", event.due)
             case SignalWaitStarted(key=key, name=name, deadline=deadline):
                 waits[key] = Wait(key, "signal", deadline, name)
             case TimerFired(key=key) | SignalReceived(key=key) | SignalTimedOut(key=key):

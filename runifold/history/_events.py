@@ -136,8 +136,18 @@ class UsageCharged(Event, frozen=True, tag="usage_charged", kw_only=True):
     units: float
 
 
+#: the ``fire_at`` a timer that never fires records (an endless ``asyncio.sleep(math.inf)``), and the bound from
+#: which any timer never fires: later than any time a store keeps
+NEVER_FIRES = 1e308
+
+
 class TimerStarted(Event, frozen=True, tag="timer_started", kw_only=True):
     fire_at: float
+
+    @property
+    def due(self) -> float | None:
+        """When the timer fires (store clock); None: never."""
+        return None if self.fire_at >= NEVER_FIRES else self.fire_at
 
 
 class TimerFired(Event, frozen=True, tag="timer_fired", kw_only=True):

@@ -78,8 +78,8 @@ def describe(event: AnyEvent) -> tuple[str, str, str]:
             return f"recorded {value(recorded)}", "", ""
         case UsageCharged(units=units):
             return f"charged {units:g} cost units", "", ""
-        case TimerStarted(fire_at=fire_at):
-            return f"timer set for {iso(fire_at)}", "", ""
+        case TimerStarted():
+            return ("timer that never fires" if event.due is None else f"timer set for {iso(event.due)}"), "", ""
         case TimerFired(fired_at=fired_at):
             return f"timer fired at {iso(fired_at)}", "", ""
         case SignalWaitStarted(name=name, deadline=deadline):

@@ -66,6 +66,7 @@ from runifold.errors import (
     type_name,
 )
 from runifold.history import (
+    NEVER_FIRES,
     AnyEvent,
     CallKind,
     Entry,
@@ -231,8 +232,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
     def timer(self, scope: Scope, delay: float, fire: Callable[[], None]) -> Callable[[], None]:
         """A durable timer for asyncio's ``call_at`` in workflow code: ``fire`` runs when it fires (live, or at
         its recorded place on replay); the function returned cancels it (recorded as ``call_cancelled``)."""
-        # an endless sleep (math.inf) is one that never fires, recorded with a due time it never reaches
-        due = self.store_time() + min(max(0.0, delay), _NEVER)
+        # an endless sleep (math.inf), or one past any time a store keeps, never fires: it has no due time
+        at = self.store_time() + max(0.0, delay)
+        due = at if at < NEVER_FIRES else None
         call = self._register(scope.key("timer"), CallKind.TIMER, None, due=due)
         call.future.add_done_callback(lambda future: None if future.cancelled() else fire())
 
@@ -746,8 +748,6 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 
 #: how many callbacks per task workflow code gets to unwind after the run's last commit
 _TEARDOWN_TURNS = 100
-#: the longest delay of a timer in seconds (about 31 years): a longer one, or an infinite one, never fires
-_NEVER = 1e9
 #: the driver lets the worker's loop run at least every this many passes
 _YIELD_EVERY = 64
 #: buffered events (fired timers, values drawn, ...) committed once this many wait, with no outcome to go with

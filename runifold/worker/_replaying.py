@@ -24,6 +24,7 @@ from runifold.errors import (
     describe,
 )
 from runifold.history import (
+    NEVER_FIRES,
     Ambiguous,
     AnyEvent,
     CallKind,
@@ -130,8 +131,7 @@ class Replaying:
                     case TimerPending(fire_at=fire_at):
                         call.due = fire_at
                     case Fresh():
-                        assert call.due is not None
-                        self._buffer.append(TimerStarted(key=key, fire_at=call.due))
+                        self._buffer.append(TimerStarted(key=key, fire_at=NEVER_FIRES if call.due is None else call.due))
                     case _ as unreachable:
                         assert_never(unreachable)
             case CallKind.SIGNAL:

@@ -42,6 +42,7 @@ from runifold import (
 )
 from runifold.history import SignalReceived, StepFailed
 from runifold.worker import check_compatibility, replay_run
+from runifold.worker._debug import replay
 from tests.corpus.check import replay_problems
 from tests.support import entries, event_types, keys, send_signal, until_completed, until_waiting_for_signal, worker
 
@@ -268,6 +269,31 @@ async def test_a_step_cut_short_is_committed_at_once_and_an_endless_sleep_never_
     assert isinstance(done, Completed) and done.output == "after"
     assert calls == Counter({"cut": 1, "after": 1})
     assert not await replay_problems(store, WorkflowRegistry(definition), "cs1", done.output)
+
+
+@workflow("sleeps-long")
+async def sleeps_long(ctx: WorkflowContext, seconds: float | None) -> str:
+    await asyncio.sleep(math.inf if seconds is None else seconds)
+    return "woke"
+
+
+@pytest.mark.parametrize("seconds", [None, 2e9])
+async def test_an_endless_sleep_never_fires_and_a_long_one_keeps_its_whole_delay(store: Any, seconds: float | None) -> None:
+    """asyncio.sleep(math.inf) is a timer with no due time: the run waits with none (no worker ever wakes it for
+    the timer); asyncio.sleep(2e9) is due 2e9 s later. Both were cut to 1e9 s, so an endless sleep fired after
+    about 31 years, and a 63-year one after 31 (helper-56)."""
+    definition = WorkflowDefinition(sleeps_long)
+    await store.enqueue(WorkflowTask("sleeps-long", 1, {"seconds": seconds}, checkpoint_id="sl1"))
+    before = await store.now()
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    info = await store.get_run("sl1")
+    assert info.status is RunStatus.WAITING
+    if seconds is None:
+        assert info.due_at is None
+    else:
+        assert info.due_at is not None and before + seconds - 5 < info.due_at < before + seconds + 5
+    report = await replay(definition, info.run_id, await entries(store, "sl1"))
+    assert report.divergence is None and report.stopped_at == "timer#1" and not report.finished
 
 
 # -- 3. return_exceptions=True sees only the workflow's own exceptions ------------------------------
