@@ -33,6 +33,7 @@ class Call:
     recovering: bool = False  # ... and the attempt was made before this execution
     busy: bool = False  # a body, a reconcile or the commit of effect_started is under way
     body: asyncio.Task[Any] | None = None  # the task running the body, when it runs as one
+    began: bool = False  # the body of this attempt began (the lease held when it was about to run)
     cancelled: bool = False  # workflow code stopped waiting for it: its outcome is dropped, never recorded
     error: str = ""  # the last failed attempt's error, while a retry waits
 

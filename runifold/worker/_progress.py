@@ -177,10 +177,13 @@ class LiveProgress:
         call.cancelled = True
         if call.body is not None:
             call.body.cancel()
-        self._buffer.append(CallCancelled(key=call.key, kind=call.kind.value, attempt=call.attempt, ran=call.busy))
+        if call.busy and not call.began and call.kind is CallKind.STEP:
+            self.usage.steps -= 1  # queued or launched, its body never began: no execution (see _start_step)
+        ran = call.busy and call.began
+        self._buffer.append(CallCancelled(key=call.key, kind=call.kind.value, attempt=call.attempt, ran=ran))
         # a body that ran and was stopped: its end is committed at once (with what workflow code records after
         # it), so a crash does not run the body again as if it had been in flight
-        self._flush = self._flush or call.busy
+        self._flush = self._flush or ran
         self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
 
     def _runs_on(self, call: Call) -> bool:
@@ -484,6 +487,7 @@ class LiveProgress:
             # this task is the run's own (the run id is bound on it already): bind the key, and unbind after
             bound = _KEY.set(start.call.key)
             self._alone = task = asyncio.current_task()
+            start.call.began = True
             try:
                 value = await run_body(start.fn, start.args, start.kwargs, start.timeout)
             except asyncio.CancelledError as err:
@@ -519,6 +523,7 @@ class LiveProgress:
         """
         if not await self._hold_lease():
             raise _NotStarted()
+        start.call.began = True
         return await run_body(start.fn, start.args, start.kwargs, start.timeout)
 
     def _stop_alone(self) -> None:
@@ -546,7 +551,7 @@ class LiveProgress:
     def _collect_finished(self) -> None:
         finished, self._finished = self._finished, []
         for call, value, exc, what in finished:
-            call.busy, call.body = False, None
+            call.busy, call.body, call.began = False, None, False
             if call.cancelled:
                 continue  # workflow code stopped waiting for it: call_cancelled is its record
             if what == "reconcile":

@@ -40,7 +40,7 @@ from runifold import (
     step,
     workflow,
 )
-from runifold.history import SignalReceived, StepFailed
+from runifold.history import CallCancelled, SignalReceived, StepFailed, fold
 from runifold.worker import check_compatibility, replay_run
 from runifold.worker._debug import replay
 from tests.corpus.check import replay_problems
@@ -294,6 +294,33 @@ async def test_an_endless_sleep_never_fires_and_a_long_one_keeps_its_whole_delay
         assert info.due_at is not None and before + seconds - 5 < info.due_at < before + seconds + 5
     report = await replay(definition, info.run_id, await entries(store, "sl1"))
     assert report.divergence is None and report.stopped_at == "timer#1" and not report.finished
+
+
+@workflow("late-for-its-timeout")
+async def late_for_its_timeout(ctx: WorkflowContext) -> str:
+    try:
+        async with asyncio.timeout(0.3):
+            await asyncio.sleep(0.1)
+            return str(await count("late"))
+    except TimeoutError:
+        return "timed out"
+
+
+async def test_a_step_cancelled_before_its_body_started_did_not_run(store: Any) -> None:
+    """No worker runs the run until both its sleep and the timeout around it are due: the sleep fires, the step
+    it calls is queued, and the timeout cancels it before its body starts. Its ``call_cancelled`` says it did
+    not run, and it counts as no step execution; it said ``ran: true`` and counted one (helper-56)."""
+    definition = WorkflowDefinition(late_for_its_timeout)
+    await store.enqueue(WorkflowTask("late-for-its-timeout", 1, {}, checkpoint_id="lt1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await asyncio.sleep(0.4)  # an outage: both timers are due when a worker comes back
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "timed out"
+    assert calls["late"] == 0
+    history = [e.event for e in await entries(store, "lt1")]
+    assert [(e.kind, e.ran) for e in history if isinstance(e, CallCancelled)] == [("step", False)]
+    assert fold(await entries(store, "lt1")).usage.steps == 0
+    assert not await replay_problems(store, WorkflowRegistry(definition), "lt1", done.output)
 
 
 # -- 3. return_exceptions=True sees only the workflow's own exceptions ------------------------------
