@@ -76,11 +76,15 @@ class RetryPolicy:
             raise ConfigurationError(f"RetryPolicy.jitter must be in [0, 1), got {self.jitter}")
 
     def backoff(self, next_attempt: int, rng: random.Random | None = None) -> float:
-        """Return the delay in seconds before ``next_attempt``."""
-        base = self.initial.total_seconds() * self.factor ** max(0, next_attempt - 2)
-        base = min(base, self.maximum.total_seconds())
+        """Return the delay in seconds before ``next_attempt``: ``initial`` times ``factor`` for each attempt
+        before it, with ``jitter``, never over ``maximum``."""
+        cap = self.maximum.total_seconds()
+        try:
+            base = min(self.initial.total_seconds() * self.factor ** max(0, next_attempt - 2), cap)
+        except OverflowError:  # far past the cap (attempt 1,100 at factor 2)
+            base = cap
         spread = (rng or random).uniform(-self.jitter, self.jitter)
-        return max(0.0, base * (1 + spread))
+        return min(max(0.0, base * (1 + spread)), cap)
 
 
 class ResumePolicy(enum.StrEnum):

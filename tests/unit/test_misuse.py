@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from datetime import timedelta
 from typing import Any
 
@@ -243,3 +244,14 @@ def test_an_empty_id_is_refused_not_replaced_by_the_function_name(decorate: Any)
         @decorate()
         async def body(*args: Any) -> None:
             return None
+
+
+def test_a_backoff_never_exceeds_its_maximum_even_far_past_it() -> None:
+    """Jitter applied after the cap made backoffs of up to maximum + 20 % (358 s of a 300 s cap: helper-56); an
+    attempt far past the cap (1,100 at factor 2) raised OverflowError. Every backoff is within [0, maximum]."""
+    rng = random.Random(7)
+    policy = RetryPolicy(max_attempts=5000, initial=timedelta(minutes=10), maximum=timedelta(minutes=5))
+    delays = [policy.backoff(n, rng) for n in range(2, 5000)]
+    assert max(delays) <= 300 and min(delays) >= 300 * 0.8
+    growing = RetryPolicy(max_attempts=5000, initial=timedelta(seconds=1), factor=2)
+    assert 0.8 <= growing.backoff(2, rng) <= 1.2 and growing.backoff(4000, rng) <= 300
