@@ -93,6 +93,7 @@ class SignalGateway:
                 run_ref=envelope.target, run_id=run.run_id, signal_id=envelope.signal_id, name=envelope.name,
                 payload=envelope.payload, sender=envelope.sender, key_id=envelope.key_id, reason=envelope.reason,
                 payload_hash=payload_hash(envelope.payload), max_unconsumed=self.limits.max_unconsumed,
+                max_refused=self.limits.max_rejected_per_run,
             ))
         except SignalRejectedError as exc:  # a reused signal id, a full inbox: the store audited it
             # info, not warning: the caller gets the refusal as an exception and decides what it means

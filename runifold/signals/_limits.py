@@ -35,7 +35,8 @@ class SignalLimits:
         max_payload_bytes: the payload as JSON (default 64 KiB).
         max_unconsumed: accepted signals a run may hold before a wait consumes
             them; past it the store refuses more (``inbox_full``) (default 1,000).
-        max_rejected_per_run: rejected attempts the audit keeps per run (default 1,000).
+        max_rejected_per_run: attempts not accepted (rejections and duplicates) the
+            audit keeps per run, the newest (default 1,000).
     """
 
     max_target: int = 200

@@ -307,7 +307,9 @@ class SignalDelivery(msgspec.Struct, frozen=True):
 
     ``run_id`` is the run the gateway resolved ``run_ref`` to (and authorised
     against); the store delivers to exactly that run. ``run_ref`` is kept for
-    the audit. A run holds at most ``max_unconsumed`` unconsumed signals.
+    the audit. A run holds at most ``max_unconsumed`` unconsumed signals, and
+    the audit keeps its newest ``max_refused`` attempts that were not accepted
+    (duplicates and rejections).
     """
 
     run_ref: str
@@ -320,6 +322,7 @@ class SignalDelivery(msgspec.Struct, frozen=True):
     reason: str
     payload_hash: str
     max_unconsumed: int = 1000
+    max_refused: int = 1000
 
     def __post_init__(self) -> None:
         for value, what in ((self.signal_id, "the signal id"), (self.name, "the signal name"),

@@ -192,6 +192,26 @@ def signal_verdict(
     return "accepted"
 
 
+def delivery_detail(verdict: str, existing: tuple[str, str, str, str] | None, name: str, payload_hash: str,
+                    sender: str, reason: str, finished: bool, max_unconsumed: int) -> str:
+    """What the audit says of a delivery beside its verdict (see :func:`signal_verdict`)."""
+    if verdict == "rejected:conflict" and existing is not None:
+        differ = [what for what, was, now in zip(("name", "payload", "sender", "reason"), existing,
+                                                  (name, payload_hash, sender, reason), strict=True) if was != now]
+        return f"the signal id names another signal (it differs in: {', '.join(differ)})"
+    if verdict == "rejected:inbox_full":
+        return f"the run holds {max_unconsumed} unconsumed signals"
+    if verdict == "accepted" and finished:
+        return "run finished; kept unconsumed"
+    return ""
+
+
+def refused_cap(run_id: str | None, max_per_run: int) -> int:
+    """How many attempts that were not accepted (duplicates and rejections) the audit keeps of one run: the
+    newest ``max_per_run``; of attempts against no known run (``run_id`` None), ten times as many."""
+    return max_per_run if run_id is not None else 10 * max_per_run
+
+
 def inbox_full(run_id: str, limit: int) -> SignalRejectedError:
     """The error for a delivery to a run whose inbox is full."""
     return SignalRejectedError(

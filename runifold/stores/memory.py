@@ -404,8 +404,11 @@ class MemoryWorkflowStore:
                                                found.inbox.reason)
         verdict = _rule.signal_verdict(existing, delivery.name, delivery.payload_hash, delivery.sender,
                                        delivery.reason, len(run.unconsumed()), delivery.max_unconsumed)
-        detail = "run finished; kept unconsumed" if verdict == "accepted" and run.status.finished else ""
+        detail = _rule.delivery_detail(verdict, existing, delivery.name, delivery.payload_hash, delivery.sender,
+                                       delivery.reason, run.status.finished, delivery.max_unconsumed)
         self._audit.append(_audit(delivery, verdict, detail, now))
+        if verdict != "accepted":
+            self._trim_refused(run.run_id, delivery.max_refused)
         if verdict == "rejected:conflict":
             raise SignalConflictError(run.run_id, delivery.signal_id)
         if verdict == "rejected:inbox_full":
@@ -420,8 +423,11 @@ class MemoryWorkflowStore:
 
     async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:
         self._audit.append(clean_audit(record))
-        cap = max_per_run if record.run_id is not None else 10 * max_per_run
-        mine = [a for a in self._audit if a.run_id == record.run_id and a.verdict.startswith("rejected")]
+        self._trim_refused(record.run_id, max_per_run)
+
+    def _trim_refused(self, run_id: str | None, max_per_run: int) -> None:
+        cap = _rule.refused_cap(run_id, max_per_run)
+        mine = [a for a in self._audit if a.run_id == run_id and a.verdict != "accepted"]
         drop = {id(a) for a in mine[:len(mine) - cap]} if len(mine) > cap else set()
         if drop:
             self._audit = [a for a in self._audit if id(a) not in drop]

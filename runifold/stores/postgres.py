@@ -487,7 +487,7 @@ class PostgresWorkflowStore:
     async def deliver_signal(self, delivery: SignalDelivery) -> SignalReceipt:
         d = delivery
         args = (d.run_id, d.run_ref, d.signal_id, d.name, d.payload_json(), d.payload_hash, d.sender, d.key_id,
-                d.reason, d.max_unconsumed)
+                d.reason, d.max_unconsumed, d.max_refused)
         row = await self._call(lambda conn: conn.fetchrow(Q["deliver"], *args))
         if row is None:
             raise RunNotFoundError(d.run_id)
@@ -501,7 +501,7 @@ class PostgresWorkflowStore:
 
     async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:
         r = clean_audit(record)
-        cap = max_per_run if r.run_id is not None else 10 * max_per_run
+        cap = _rule.refused_cap(r.run_id, max_per_run)
         await self._call(lambda conn: conn.execute(
             Q["record_rejected"], r.run_id, r.run_ref, r.signal_id, r.name, r.sender, r.key_id, r.verdict,
             r.payload_hash, r.reason, r.detail, r.at, cap))

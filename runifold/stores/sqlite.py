@@ -608,11 +608,14 @@ class SqliteWorkflowStore:
             verdict = _rule.signal_verdict(None if found is None else (found[0], found[1], found[3], found[4]),
                                            delivery.name, delivery.payload_hash, delivery.sender, delivery.reason,
                                            unconsumed, delivery.max_unconsumed)
-            detail = "run finished; kept unconsumed" if verdict == "accepted" and info.status.finished else ""
+            existing = None if found is None else (found[0], found[1], found[3], found[4])
+            detail = _rule.delivery_detail(verdict, existing, delivery.name, delivery.payload_hash, delivery.sender,
+                                           delivery.reason, info.status.finished, delivery.max_unconsumed)
             _insert_audit(conn, AuditRecord(
                 info.run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender, delivery.key_id,
                 verdict, delivery.payload_hash, delivery.reason, detail, now))
             if verdict != "accepted":
+                conn.execute(Q["trim_refused"], (info.run_id, info.run_id, delivery.max_refused))
                 received = found[2] if found else now
                 return verdict, SignalReceipt(info.run_id, delivery.signal_id, True, received, info.status)
             conn.execute(Q["insert_signal"], (info.run_id, delivery.signal_id, delivery.name, payload,
@@ -631,11 +634,11 @@ class SqliteWorkflowStore:
 
     async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:
         record = clean_audit(record)
-        cap = max_per_run if record.run_id is not None else 10 * max_per_run
+        cap = _rule.refused_cap(record.run_id, max_per_run)
 
         def op(conn: sqlite3.Connection) -> None:
             _insert_audit(conn, record)
-            conn.execute(Q["trim_rejected"], (record.run_id, record.run_id, cap))
+            conn.execute(Q["trim_refused"], (record.run_id, record.run_id, cap))
 
         await self._write(op)
 

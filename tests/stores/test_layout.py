@@ -17,12 +17,14 @@ def test_no_module_is_over_800_lines() -> None:
 
 
 def test_each_store_keeps_one_baseline_schema_and_uses_every_named_query() -> None:
-    """sql/<dialect>/ holds schema.sql (version 1) and queries.sql, and the store's code (its module and its
-    ``_<dialect>_*.py`` helpers) uses every query it names."""
+    """sql/<dialect>/ holds schema.sql (version 1), migrations numbered on from it (``0002_<what>.sql``, ...) and
+    queries.sql, and the store's code (its module and its ``_<dialect>_*.py`` helpers) uses every query it names."""
     for dialect in ("sqlite", "postgres"):
         folder = STORES / "sql" / dialect
-        assert sorted(p.name for p in folder.glob("*.sql")) == ["queries.sql", "schema.sql"]
-        assert [v for v, _ in _sql.migrations(dialect)] == [1]
+        names = sorted(p.name for p in folder.glob("*.sql"))
+        assert names[-2:] == ["queries.sql", "schema.sql"]
+        assert all(re.fullmatch(r"\d{4}_[a-z_]+\.sql", name) for name in names[:-2]), names
+        assert [v for v, _ in _sql.migrations(dialect)] == list(range(1, len(names)))
         modules = [STORES / f"{dialect}.py", *sorted(STORES.glob(f"_{dialect}_*.py"))]
         code = "".join(p.read_text() for p in modules)
         unused = [name for name in _sql.queries(dialect)

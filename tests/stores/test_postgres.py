@@ -353,3 +353,45 @@ async def test_postgres_a_claim_whose_answer_came_late_is_renewed_before_anythin
     outcome = await worker(store, WorkflowDefinition(late_claim), lease=0.9).run_once()
     assert delayed[0] and isinstance(outcome, LeaseLost), outcome
     assert ran == []  # refused at the renewal before the run started
+
+
+async def test_a_database_at_the_baseline_is_migrated_and_keeps_its_runs(open_store: Any,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A database made by a runifold at schema version 1 (the baseline alone) is migrated on open to this
+    runifold's version, once; its runs and signals are kept, and delivery follows the migrated functions."""
+    import os
+
+    import asyncpg
+
+    from runifold import SignalConflictError
+    from runifold.stores import SignalDelivery, _sql, postgres
+    from tests.conftest import empty_postgres_database
+
+    baseline = _sql.migrations("postgres")[:1]
+    dsn = (await open_store()).dsn
+    async with empty_postgres_database(dsn, f"runifold_upgrade_{os.getpid()}") as url:
+        with monkeypatch.context() as old:
+            old.setattr(postgres, "migrations", lambda dialect: baseline)
+            old.setattr(postgres, "SCHEMA_VERSION", 1)
+            first = await postgres.PostgresWorkflowStore.open(url)
+            run_id = (await first.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="u1"))).run_id
+            await first.close()
+        conn = await asyncpg.connect(url)  # a delivery as the baseline's function made it
+        await conn.fetch("SELECT * FROM runifold_deliver($1, 'u1', 's1', 'go', '1', 'sha256:a', 'alice', 'k', 'r', 10)",
+                         run_id)
+        await conn.close()
+        for _ in range(2):
+            store = await postgres.PostgresWorkflowStore.open(url)
+            try:
+                assert await store.migrate() == postgres.SCHEMA_VERSION > 1
+                assert (await store.get_run("u1")).run_id == run_id
+                assert [s.signal_id for s in await store.inbox(run_id)] == ["s1"]
+            finally:
+                await store.close()
+        store = await postgres.PostgresWorkflowStore.open(url)
+        try:
+            with pytest.raises(SignalConflictError):
+                await store.deliver_signal(SignalDelivery("u1", run_id, "s1", "go", 2, "alice", "k", "r", "sha256:b"))
+            assert (await store.audit("u1"))[-1].detail == "the signal id names another signal (it differs in: payload)"
+        finally:
+            await store.close()

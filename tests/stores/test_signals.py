@@ -125,6 +125,29 @@ async def test_a_signal_id_reused_with_another_payload_is_a_conflict(store: Any)
                         ("c1", "alice", "duplicate")]
 
 
+async def test_replayed_envelopes_keep_the_audit_bounded_and_refusals_say_why(store: Any) -> None:
+    """One captured envelope sent again and again added an audit row each time, without bound (5,000 resends:
+    5,000 rows, helper-57): duplicates are trimmed with rejections, the newest ``max_rejected_per_run`` of a run
+    kept, accepted signals never. A conflict says what differs; a full inbox says so (they said nothing)."""
+    await waiting_run(store)
+    now = await store.now()
+    limits = SignalLimits(max_rejected_per_run=5, max_unconsumed=2)
+    signed = envelope("o1", "s1", now, name="comment")
+    assert not (await gateway(store, limits).send(signed)).duplicate
+    for _ in range(20):
+        assert (await gateway(store, limits).send(signed)).duplicate
+    with pytest.raises(SignalConflictError):
+        await gateway(store, limits).send(envelope("o1", "s1", now, name="comment", payload={"approved": False}))
+    assert not (await gateway(store, limits).send(envelope("o1", "s2", now, name="comment"))).duplicate
+    with pytest.raises(SignalRejectedError) as full:
+        await gateway(store, limits).send(envelope("o1", "s3", now, name="comment"))
+    assert full.value.verdict == "inbox_full"
+    audit = [(a.signal_id, a.verdict, a.detail) for a in await store.audit("o1")]
+    assert audit == [("s1", "accepted", ""), *[("s1", "duplicate", "")] * 3,
+                     ("s1", "rejected:conflict", "the signal id names another signal (it differs in: payload)"),
+                     ("s2", "accepted", ""), ("s3", "rejected:inbox_full", "the run holds 2 unconsumed signals")]
+
+
 async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) -> None:
     """Past limits.max_unconsumed unconsumed signals, the next is refused as inbox_full (and audited)."""
     await waiting_run(store)

@@ -118,7 +118,7 @@ SELECT run_id, status FROM runifold_purge($1, $2)
 SELECT runifold_purge_finished($1, $2)
 
 -- name: deliver
-SELECT verdict, received_at, run_status FROM runifold_deliver($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+SELECT verdict, received_at, run_status FROM runifold_deliver($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 
 -- name: record_rejected
 SELECT runifold_record_rejected($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)

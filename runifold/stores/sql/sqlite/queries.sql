@@ -126,10 +126,11 @@ SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, COALESCE(MAX(arrival), 0) + 1 FROM signals WHE
 INSERT INTO signal_audit (run_id, run_ref, signal_id, name, sender, key_id, verdict, payload_hash, reason, detail, at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 
--- name: trim_rejected
--- keeps the newest ? rejected attempts against one run (run_id IS NULL: against no known run)
-DELETE FROM signal_audit WHERE run_id IS ? AND verdict LIKE 'rejected%' AND id <= (
-    SELECT id FROM signal_audit WHERE run_id IS ? AND verdict LIKE 'rejected%' ORDER BY id DESC LIMIT 1 OFFSET ?
+-- name: trim_refused
+-- keeps the newest ? attempts against one run that were not accepted (duplicates and rejections; run_id IS NULL:
+-- attempts against no known run)
+DELETE FROM signal_audit WHERE run_id IS ? AND verdict <> 'accepted' AND id <= (
+    SELECT id FROM signal_audit WHERE run_id IS ? AND verdict <> 'accepted' ORDER BY id DESC LIMIT 1 OFFSET ?
 )
 
 -- name: audit
