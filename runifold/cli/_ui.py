@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -25,6 +26,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ui.add_argument("--refresh", type=_refresh, default=5,
                     help="seconds between reloads of the runs page (default 5; 0: never)")
     ui.set_defaults(handler=ui_cmd)
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 def _port(value: str) -> int:
@@ -51,6 +59,7 @@ def store_label(url: str) -> str:
 async def ui_cmd(args: argparse.Namespace) -> int:
     try:
         from runifold.ui import create_app
+        from runifold.ui._app import LOOPBACK_HOSTS
         from runifold.ui._serve import bind, serve
     except ImportError as exc:
         if (exc.name or "").partition(".")[0] not in _EXTRA_MODULES:
@@ -71,7 +80,9 @@ async def ui_cmd(args: argparse.Namespace) -> int:
             address = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
             _announce(args, {"event": "ui_started", "url": address, "store": label,
                              "app": args.app, "read_only": True})
-            await serve(create_app(store, registry, store_label=label, refresh=args.refresh), sock)
+            # listening on this machine only, it answers only requests that name this machine (DNS rebinding)
+            hosts = {*LOOPBACK_HOSTS, args.host, host} if _loopback(host) else None
+            await serve(create_app(store, registry, store_label=label, refresh=args.refresh, hosts=hosts), sock)
             exit_on_stop_signals()  # (the view holds nothing: a signal now ends it at once)
     finally:
         await store.close()

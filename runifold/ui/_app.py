@@ -11,7 +11,7 @@ Content-Security-Policy forbids any.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlencode
 
@@ -67,6 +67,36 @@ class _SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
+
+
+#: the names of this machine a request may give as its Host when the view listens on a loopback address
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def host_name(header: str) -> str:
+    """The name a Host header gives, without its port (``[::1]:8233`` -> ``::1``), lowercased."""
+    name = header.partition("]")[0].removeprefix("[") if header.startswith("[") else header.partition(":")[0]
+    return name.lower()
+
+
+class _HostCheck:
+    """Answers only requests whose Host header names one of ``hosts``, so a page of another site that has its
+    name resolve to this machine (DNS rebinding) cannot read the view: 400 otherwise."""
+
+    def __init__(self, app: ASGIApp, hosts: frozenset[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if host_name(header) not in self.hosts:
+                refusal = Response(
+                    f"runifold ui answers requests for {', '.join(sorted(self.hosts))} only, not Host {header!r}; "
+                    "open it by one of those names\n", status_code=400, media_type="text/plain")
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def show(text: object) -> Markup:
@@ -283,7 +313,7 @@ async def _no_icon(request: Request) -> Response:
 
 
 def create_app(store: WorkflowStore, registry: WorkflowRegistry | None = None, *, store_label: str = "",
-               refresh: int = 5) -> Starlette:
+               refresh: int = 5, hosts: Collection[str] | None = None) -> Starlette:
     """Return the read-only web view of ``store`` as an ASGI application.
 
     Args:
@@ -291,8 +321,12 @@ def create_app(store: WorkflowStore, registry: WorkflowRegistry | None = None, *
         registry: the application's workflows, for replay verdicts and budgets (optional).
         store_label: how pages name the store (keep passwords out of it).
         refresh: seconds between reloads of the runs page (0: never); ``?refresh=`` overrides it.
+        hosts: the names a request's Host header may give (without a port); others get 400. None: any
+            (``runifold ui`` listening on a loopback address gives :data:`LOOPBACK_HOSTS`).
     """
     view = View(store, registry, store_label=store_label, refresh=refresh)
     app = Starlette(routes=view.routes())
     app.add_middleware(_SecurityHeaders)
+    if hosts is not None:
+        app.add_middleware(_HostCheck, hosts=frozenset(h.lower() for h in hosts))
     return app

@@ -12,8 +12,8 @@ from typing import Any
 from tests.ui.conftest import Served, cli_env, runifold, start_ui, stop_ui
 
 
-def get(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    request = urllib.request.Request(url, method=method)
+def get(url: str, method: str = "GET", host: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, method=method, headers={} if host is None else {"Host": host})
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, dict(response.headers), response.read()
@@ -94,6 +94,14 @@ def test_the_view_is_read_only_and_refuses_bad_requests(served: Served) -> None:
     assert status == 200  # the root redirects (relatively: a proxy may serve the view under any prefix) to runs
     with urllib.request.urlopen(served.url.rstrip("/") + "/?status=failed", timeout=30) as response:
         assert response.url.endswith("/runs?status=failed")  # with the filters it was given
+    # listening on this machine only, it answers only requests that name this machine: a page of another site
+    # whose name resolves here (DNS rebinding) got the whole JSON (helper-57)
+    port = served.url.rstrip("/").rpartition(":")[2]
+    for host in ("attacker.example", f"attacker.example:{port}", "127.0.0.1.attacker.example", ""):
+        status, _, body = get(served.url + "api/runs", host=host)
+        assert status == 400 and b"answers requests for 127.0.0.1, ::1, localhost only" in body, host
+    for host in (f"127.0.0.1:{port}", f"LOCALHOST:{port}", "localhost", f"[::1]:{port}"):
+        assert get(served.url + "api/runs", host=host)[0] == 200, host
 
 
 def test_ui_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
