@@ -63,12 +63,15 @@ async def add_cmd(args: argparse.Namespace) -> int:
 
 async def revoke_cmd(args: argparse.Namespace) -> int:
     ring = HmacKeyRing.from_file(args.keys)
-    ring.revoke(args.key_id)
-    ring.to_file(args.keys)
+    newly = ring.revoke(args.key_id)
+    if newly:
+        ring.to_file(args.keys)
     if args.json:
-        emit_json({"revoked": args.key_id, "keys": args.keys})
-    else:
+        emit_json({"revoked": args.key_id, "keys": args.keys, "already": not newly})
+    elif newly:
         print(printable(f"revoked {args.key_id} in {args.keys}: signals signed with it are refused from now on"))
+    else:
+        print(printable(f"{args.key_id} in {args.keys} was revoked already: nothing changed"))
     return 0
 
 

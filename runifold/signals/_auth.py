@@ -148,13 +148,14 @@ class HmacKeyRing:
             raise ConfigurationError("an HMAC secret needs at least 16 bytes; use HmacKeyRing.new_secret()")
         self._keys[key_id] = _Key(sender, bytes(secret))
 
-    def revoke(self, key_id: str) -> None:
-        """Refuse every signal signed with ``key_id`` from now on."""
+    def revoke(self, key_id: str) -> bool:
+        """Refuse every signal signed with ``key_id`` from now on; False if it was revoked already."""
         key = self._keys.get(key_id)
         if key is None:
             known = ", ".join(self._keys) or "none"
             raise ConfigurationError(f"no key id {key_id!r} in the key ring (key ids: {known})")
         self._keys[key_id] = _Key(key.sender, key.secret, revoked=True)
+        return not key.revoked
 
     def keys(self) -> list[KeyInfo]:
         """Return every key's id, sender and whether it is revoked, in the order they were added."""
@@ -249,6 +250,11 @@ class HmacKeyRing:
     def signing_key(self, sender: str) -> str:
         """Return the newest unrevoked key id of ``sender`` (for signing)."""
         ids = [k for k, key in self._keys.items() if key.sender == sender and not key.revoked]
+        revoked = [k for k, key in self._keys.items() if key.sender == sender and key.revoked]
+        if not ids and revoked:
+            raise ConfigurationError(
+                f"every key of sender {sender!r} here is revoked ({', '.join(revoked)}); the deployment refuses "
+                "signals signed with it: ask its operator for a new key")
         if not ids:
             raise ConfigurationError(
                 f"no unrevoked key for sender {sender!r} here: the key file names "

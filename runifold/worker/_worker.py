@@ -58,6 +58,7 @@ class WorkflowWorker:
         self.lease = lease
         self.renew_every = renew_every
         self._skipped: set[str] = set()
+        self._lacking: set[tuple[str, int]] = set()  # the (name, version)s of runs met that it does not register
 
     async def run_once(self) -> Outcome:
         """Claim at most one run and drive it until it completes, fails, suspends or loses its lease."""
@@ -77,8 +78,14 @@ class WorkflowWorker:
             # so another slot of this worker does not claim it the moment it is released
             self._skip(claim.run_id)
             await self.store.release(claim.lease)
-            log.info("definition_unavailable", run_id=claim.run_id, name=claim.name, version=claim.version,
-                     worker_id=str(self.worker_id))
+            # a warning once per version a worker meets and lacks (an operator's sign that no worker serves it),
+            # then info: a worker of a rolling deploy meets them at every claim
+            lacking = (claim.name, claim.version)
+            report = log.info if lacking in self._lacking else log.warning
+            self._lacking.add(lacking)
+            report("definition_unavailable", run_id=claim.run_id, name=claim.name, version=claim.version,
+                   worker_id=str(self.worker_id),
+                   detail="this worker does not register that version; the run stays ready for one that does")
             return DefinitionUnavailable(claim.run_id, claim.name, claim.version)
         try:
             entries = [Entry(row.seq, row.at, decode_event(row.body, where=f"{claim.run_id}#{row.seq}"))

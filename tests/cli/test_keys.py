@@ -42,6 +42,14 @@ def test_keys_new_add_list_revoke(cli: Cli) -> None:
         == [("alice-1", True), (generated["key_id"], False)]
     unknown = cli("keys", "revoke", "nobody-1", "--keys", str(ring))
     assert unknown.returncode == 2 and "no key id 'nobody-1'" in unknown.stderr
+    # revoking it again says so, and signing with a file whose every key is revoked says that (helper-57)
+    again = cli("keys", "revoke", "alice-1", "--keys", str(ring))
+    assert again.returncode == 0 and "alice-1 in" in again.stdout and "was revoked already" in again.stdout
+    revoked_file = cli.tmp / "alice-revoked.key"
+    revoked_file.write_text(json.dumps([{**json.loads(alice.read_text())[0], "revoked": True}]))
+    refused = cli("signal", "g1", "approval", "--signal-id", "s1", "--as", "alice", "--reason", "r",
+                  "--key-file", str(revoked_file), "--keys", str(ring))
+    assert refused.returncode == 2 and "every key of sender 'alice' here is revoked (alice-1)" in refused.stderr
 
 
 def test_a_made_up_key_for_alice_is_refused(any_cli: Cli) -> None:

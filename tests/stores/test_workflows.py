@@ -152,11 +152,17 @@ async def test_versions_run_side_by_side(store: Any) -> None:
     assert outputs == {"one": "v1", "two": "v2"}
 
 
-async def test_definition_unavailable_leaves_the_run(store: Any) -> None:
-    """A worker without the exact version releases the run untouched, does not re-claim it, and a compatible worker finishes it."""
+async def test_definition_unavailable_leaves_the_run(store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker without the exact version releases the run untouched, does not re-claim it, and a compatible worker
+    finishes it. It warns once per version it lacks (it said nothing at the default level: helper-58)."""
     old = worker(store, WorkflowDefinition(versioned_v1), worker_id="old")
     await store.enqueue(WorkflowTask("versioned", 2, {}, checkpoint_id="c1"))
-    outcome = await old.run_once()
+    await store.enqueue(WorkflowTask("versioned", 2, {}, checkpoint_id="c2"))
+    with caplog.at_level("INFO", logger="runifold.worker"):
+        outcome = await old.run_once()
+        assert isinstance(await old.run_once(), DefinitionUnavailable)
+    levels = [r.levelname for r in caplog.records if "definition_unavailable" in r.getMessage()]
+    assert levels == ["WARNING", "INFO"], levels
     assert isinstance(outcome, DefinitionUnavailable) and outcome.version == 2
     info = await store.get_run("c1")
     assert info.status is RunStatus.READY and info.revision == 1 and info.lease_owner is None
