@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     retry.add_argument("--by", default=operator(), type=text, help="who decides (default: your user name)")
     retry.set_defaults(handler=retry_cmd)
 
-    wake = sub.add_parser("wake", help="make a rescheduled or diverged run due now (a waiting run is looked at, its timers keep their times)")
+    wake = sub.add_parser("wake", help="make a run due now: a diverged run is replayed at once (after deploying fixed code); any other run is looked at, its timers and retry backoffs keep their times")
     wake.add_argument("run", help="run id or checkpoint id")
     wake.set_defaults(handler=wake_cmd)
 
@@ -109,8 +109,10 @@ async def wake_cmd(args: argparse.Namespace) -> int:
         emit_json(msgspec.to_builtins(info))
     else:
         line = f"{info.run_id} ({info.checkpoint_id or '-'}) is {info.status}, due now ({when(info.due_at)})"
-        if info.status is RunStatus.WAITING:
-            line += "; a worker looks at it at once, but its timers keep their times"
+        if info.status.finished:  # it finished between the wake and this reading
+            line = f"{info.run_id} ({info.checkpoint_id or '-'}) is {info.status}: it finished meanwhile"
+        elif info.status is not RunStatus.DIVERGED:
+            line += "; a worker looks at it at once, but its timers and retry backoffs keep their times"
         print(printable(line))
     return 0
 

@@ -182,10 +182,12 @@ async def test_wake_makes_a_rescheduled_or_diverged_run_due_now(any_cli: Cli) ->
     for ref in ("later", "diverged"):
         woken = cli("wake", ref)
         assert woken.returncode == 0 and "due now" in woken.stdout, woken.stderr
+        # a retry's backoff is recorded, so a rescheduled run's retry keeps its time: the line says so (helper-56)
+        assert ("retry backoffs keep their times" in woken.stdout) == (ref == "later"), woken.stdout
         info = json.loads(cli("runs", "show", ref, "--json").stdout)["run"]
         assert info["due_at"] < later - 3_000
     looked_at = cli("wake", "napping")
-    assert looked_at.returncode == 0 and "its timers keep their times" in looked_at.stdout
+    assert looked_at.returncode == 0 and "its timers and retry backoffs keep their times" in looked_at.stdout
     await drive(cli.url, "done", [], Finish(RunStatus.COMPLETED), name="slow")
     finished = cli("wake", "done")
     assert finished.returncode == 1 and "cannot be woken: it has finished" in finished.stderr
