@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ui.add_argument("--host", default=DEFAULT_HOST,
                     help=f"address to listen on (default {DEFAULT_HOST}: this machine only; to share the view, put "
                          "an authenticating proxy in front, see docs/operations.md)")
+    ui.add_argument("--allow-host", type=_hosts, default=[], metavar="NAMES",
+                    help="listening on loopback, the view answers only requests whose Host is localhost, 127.0.0.1 "
+                         "or [::1]; these comma-separated names too (the host name a proxy in front passes on)")
     ui.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free one)")
     ui.add_argument("--refresh", type=_refresh, default=5,
                     help="seconds between reloads of the runs page (default 5; 0: never)")
@@ -30,9 +33,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _loopback(address: str) -> bool:
     try:
-        return ipaddress.ip_address(address).is_loopback
+        ip = ipaddress.ip_address(address)
     except ValueError:
         return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _hosts(value: str) -> list[str]:
+    names = [name.strip().lower() for name in value.split(",") if name.strip()]
+    bad = [name for name in names if not all(c.isalnum() or c in ".-:[]" for c in name)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]!r} is not a host name (give names like runifold.example.com, "
+                                         "comma-separated, without a port)")
+    return [name.removeprefix("[").removesuffix("]") for name in names]
 
 
 def _port(value: str) -> int:
@@ -81,7 +95,7 @@ async def ui_cmd(args: argparse.Namespace) -> int:
             _announce(args, {"event": "ui_started", "url": address, "store": label,
                              "app": args.app, "read_only": True})
             # listening on this machine only, it answers only requests that name this machine (DNS rebinding)
-            hosts = {*LOOPBACK_HOSTS, args.host, host} if _loopback(host) else None
+            hosts = {*LOOPBACK_HOSTS, args.host, host, *args.allow_host} if _loopback(host) else None
             await serve(create_app(store, registry, store_label=label, refresh=args.refresh, hosts=hosts), sock)
             exit_on_stop_signals()  # (the view holds nothing: a signal now ends it at once)
     finally:

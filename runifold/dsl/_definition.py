@@ -78,13 +78,15 @@ class RetryPolicy:
     def backoff(self, next_attempt: int, rng: random.Random | None = None) -> float:
         """Return the delay in seconds before ``next_attempt``: ``initial`` times ``factor`` for each attempt
         before it, with ``jitter``, never over ``maximum``."""
-        cap = self.maximum.total_seconds()
+        cap, initial = self.maximum.total_seconds(), self.initial.total_seconds()
         try:
-            base = min(self.initial.total_seconds() * self.factor ** max(0, next_attempt - 2), cap)
-        except OverflowError:  # far past the cap (attempt 1,100 at factor 2)
-            base = cap
-        spread = (rng or random).uniform(-self.jitter, self.jitter)
-        return min(max(0.0, base * (1 + spread)), cap)
+            base = min(initial * self.factor ** max(0, next_attempt - 2), cap)
+        except OverflowError:  # far past the cap (attempt 1,100 at factor 2), unless there is nothing to grow
+            base = cap if initial > 0 else 0.0
+        delay = max(0.0, base * (1 + (rng or random).uniform(-self.jitter, self.jitter)))
+        # past the cap, the jitter is reflected below it: backoffs at the cap spread over [cap - jitter, cap]
+        # instead of piling up at exactly the cap (retries of many runs in step again)
+        return cap - (delay - cap) if delay > cap else delay
 
 
 class ResumePolicy(enum.StrEnum):

@@ -136,8 +136,8 @@ def fold(entries: Sequence[Entry]) -> Checkpoint:
                 effect_events.setdefault(key, []).append(event)
             case CallCancelled(key=key, kind="timer" | "signal"):
                 waits.pop(key, None)
-            case CallCancelled(ran=ran):
-                steps += ran
+            case CallCancelled(kind=kind, ran=ran):
+                steps += ran and kind == "step"  # (a child's start that was cancelled is no step: nor is it live)
             case UsageCharged(units=charged):
                 units += charged
             case ValueRecorded():

@@ -200,7 +200,7 @@ def delivery_detail(verdict: str, existing: tuple[str, str, str, str] | None, na
                                                   (name, payload_hash, sender, reason), strict=True) if was != now]
         return f"the signal id names another signal (it differs in: {', '.join(differ)})"
     if verdict == "rejected:inbox_full":
-        return f"the run holds {max_unconsumed} unconsumed signals"
+        return f"the run's inbox is full (at most {max_unconsumed} unconsumed signals)"
     if verdict == "accepted" and finished:
         return "run finished; kept unconsumed"
     return ""

@@ -142,7 +142,8 @@ class WorkflowEnvironment:
             if info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or not await self.skip_time():
                 what = {RunStatus.PARKED: "resolve its effect with resolve_effect(env.store, env.registry, ...) first",
                         RunStatus.DIVERGED: "its code no longer matches its history"}.get(
-                    info.status, "send what it waits for with env.signal(...) first")
+                    info.status, "it waits only for a timer that never fires" if "never fires" in info.reason
+                    and "signal" not in info.reason else "send what it waits for with env.signal(...) first")
                 raise AssertionError(
                     f"run {info.run_id} is {info.status} and nothing in this environment will change that "
                     f"({info.reason}): {what}"

@@ -326,7 +326,7 @@ def create_app(store: WorkflowStore, registry: WorkflowRegistry | None = None, *
     """
     view = View(store, registry, store_label=store_label, refresh=refresh)
     app = Starlette(routes=view.routes())
-    app.add_middleware(_SecurityHeaders)
     if hosts is not None:
         app.add_middleware(_HostCheck, hosts=frozenset(h.lower() for h in hosts))
+    app.add_middleware(_SecurityHeaders)  # (added last: outermost, so a refusal carries the headers too)
     return app

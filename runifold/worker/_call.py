@@ -101,7 +101,7 @@ def why(call: Call) -> str:
         case CallKind.SIGNAL:
             return f"signal {call.name!r} ({call.key})"
         case CallKind.TIMER:
-            return f"timer {call.key}"
+            return f"timer {call.key}" + ("" if call.due is not None else ", which never fires")
         case _:
             return f"{call.kind} {call.key} attempt {call.attempt} waits for its retry: {call.error}"
 

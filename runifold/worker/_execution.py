@@ -664,7 +664,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                 "recorded, so that work belongs in a step); it can never continue", None, ""))
         dues = [c.due for c in pending if c.due is not None and c.parked is None]
         deadline = self._deadline()
-        if deadline is not None and not self._parked() and (dues or any(c.kind is CallKind.SIGNAL for c in pending)):
+        if deadline is not None and not self._parked() and (
+                dues or any(c.kind in (CallKind.SIGNAL, CallKind.TIMER) for c in pending)):
             dues.append(deadline)  # a run waiting past its elapsed budget is woken to fail (one parked waits for its operator)
         wake_at = min(dues) if dues else None
         signals = tuple(sorted({c.name for c in pending if c.kind is CallKind.SIGNAL}))

@@ -296,6 +296,19 @@ async def test_an_endless_sleep_never_fires_and_a_long_one_keeps_its_whole_delay
     assert report.divergence is None and report.stopped_at == "timer#1" and not report.finished
 
 
+async def test_an_endless_sleep_is_woken_to_fail_when_the_elapsed_budget_runs_out(store: Any) -> None:
+    """A run asleep for ever under ``Budget(max_elapsed=...)`` is due when its budget runs out, and fails then;
+    with no due time of its own it was never woken (review of the endless-sleep fix)."""
+    definition = WorkflowDefinition(sleeps_long, Budget(max_elapsed=timedelta(seconds=0.3)))
+    await store.enqueue(WorkflowTask("sleeps-long", 1, {"seconds": None}, checkpoint_id="sl2"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    info = await store.get_run("sl2")
+    assert info.due_at is not None and info.reason == "timer timer#1, which never fires"
+    await asyncio.sleep(0.4)
+    failed = await worker(store, definition).run_once()
+    assert isinstance(failed, Failed) and "elapsed seconds ran out" in failed.reason
+
+
 @workflow("late-for-its-timeout")
 async def late_for_its_timeout(ctx: WorkflowContext) -> str:
     try:

@@ -395,3 +395,9 @@ async def test_a_database_at_the_baseline_is_migrated_and_keeps_its_runs(open_st
             assert (await store.audit("u1"))[-1].detail == "the signal id names another signal (it differs in: payload)"
         finally:
             await store.close()
+        # a process of the previous runifold still running delivers with the baseline's form (a rolling upgrade)
+        conn = await asyncpg.connect(url)
+        row = await conn.fetchrow(
+            "SELECT * FROM runifold_deliver($1, 'u1', 's2', 'go', '2', 'sha256:c', 'alice', 'k', 'r', 10)", run_id)
+        await conn.close()
+        assert row["verdict"] == "accepted"

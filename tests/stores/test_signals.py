@@ -145,7 +145,7 @@ async def test_replayed_envelopes_keep_the_audit_bounded_and_refusals_say_why(st
     audit = [(a.signal_id, a.verdict, a.detail) for a in await store.audit("o1")]
     assert audit == [("s1", "accepted", ""), *[("s1", "duplicate", "")] * 3,
                      ("s1", "rejected:conflict", "the signal id names another signal (it differs in: payload)"),
-                     ("s2", "accepted", ""), ("s3", "rejected:inbox_full", "the run holds 2 unconsumed signals")]
+                     ("s2", "accepted", ""), ("s3", "rejected:inbox_full", "the run's inbox is full (at most 2 unconsumed signals)")]
 
 
 async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) -> None:

@@ -141,3 +141,16 @@ def test_ui_command_binds_loopback_and_reports_its_errors_in_one_line(tmp_path: 
     finally:
         code, out, err = stop_ui(proc)
     assert code == 0 and out.strip() == "runifold ui: stopped", (code, out, err)
+    # a proxy that passes its own host name on (oauth2-proxy) is let through by --allow-host; a refusal carries the
+    # security headers too (review)
+    proc, address = start_ui(url, "--allow-host", "Runifold.example.com,ops.example.com")
+    try:
+        assert get(address + "api/runs", host="runifold.example.com:443")[0] == 200
+        assert get(address + "api/runs", host="ops.example.com")[0] == 200
+        status, headers, _ = get(address + "api/runs", host="attacker.example")
+        assert status == 400 and headers["x-content-type-options"] == "nosniff" and "default-src 'none'" in \
+            headers["content-security-policy"]
+    finally:
+        stop_ui(proc)
+    bad = runifold(url, "ui", "--port", "0", "--allow-host", "a b")
+    assert bad.returncode == 2 and "'a b' is not a host name" in bad.stderr

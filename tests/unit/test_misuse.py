@@ -253,5 +253,7 @@ def test_a_backoff_never_exceeds_its_maximum_even_far_past_it() -> None:
     policy = RetryPolicy(max_attempts=5000, initial=timedelta(minutes=10), maximum=timedelta(minutes=5))
     delays = [policy.backoff(n, rng) for n in range(2, 5000)]
     assert max(delays) <= 300 and min(delays) >= 300 * 0.8
+    assert sum(d == 300 for d in delays) < 10  # spread below the cap, not piled up on it (review)
+    assert RetryPolicy(max_attempts=5000, initial=timedelta(0)).backoff(2000, rng) == 0.0
     growing = RetryPolicy(max_attempts=5000, initial=timedelta(seconds=1), factor=2)
     assert 0.8 <= growing.backoff(2, rng) <= 1.2 and growing.backoff(4000, rng) <= 300

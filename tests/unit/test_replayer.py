@@ -182,3 +182,15 @@ async def test_a_recorded_value_of_another_type_is_shown_with_the_type_code_now_
     report = await replay(WorkflowDefinition(new), "t1", await entries(store, "t1"))
     assert report.divergence is not None and report.divergence.key == "label#1"
     assert 'history recorded the value "c8", code called a call returning int' in str(report.divergence)
+
+
+def test_usage_counts_cancelled_step_bodies_that_ran_and_nothing_else() -> None:
+    """A cancelled call counts as a step execution only if it is a step whose body ran: the live counter never
+    counts a child's start, so the fold (what a worker counts after a restart) must not either (review)."""
+    from runifold.history import CallCancelled, Entry, RunStarted, fold
+
+    history = [Entry(1, 0.0, RunStarted(name="wf", version=1, input={})),
+               Entry(2, 1.0, CallCancelled(key="a#1", kind="step", attempt=1, ran=True)),
+               Entry(3, 1.0, CallCancelled(key="b#1", kind="step", attempt=1, ran=False)),
+               Entry(4, 1.0, CallCancelled(key="child.c#1", kind="child", attempt=1, ran=True))]
+    assert fold(history).usage.steps == 1

@@ -5,16 +5,24 @@
 -- Keep only the newest p_cap attempts against p_run that were not accepted (duplicates and rejections; p_run
 -- NULL: attempts against no known run).
 CREATE OR REPLACE FUNCTION runifold_trim_refused(p_run text, p_cap integer) RETURNS void
-LANGUAGE sql VOLATILE AS $$
-    DELETE FROM runifold_signal_audit WHERE run_id IS NOT DISTINCT FROM p_run AND verdict <> 'accepted' AND id <= (
-        SELECT id FROM runifold_signal_audit WHERE run_id IS NOT DISTINCT FROM p_run AND verdict <> 'accepted'
-        ORDER BY id DESC OFFSET p_cap LIMIT 1);
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- (two statements, so that a run's uses the (run_id, id) index: IS NOT DISTINCT FROM cannot)
+    IF p_run IS NULL THEN
+        DELETE FROM runifold_signal_audit WHERE run_id IS NULL AND verdict <> 'accepted' AND id <= (
+            SELECT id FROM runifold_signal_audit WHERE run_id IS NULL AND verdict <> 'accepted'
+            ORDER BY id DESC OFFSET p_cap LIMIT 1);
+    ELSE
+        DELETE FROM runifold_signal_audit WHERE run_id = p_run AND verdict <> 'accepted' AND id <= (
+            SELECT id FROM runifold_signal_audit WHERE run_id = p_run AND verdict <> 'accepted'
+            ORDER BY id DESC OFFSET p_cap LIMIT 1);
+    END IF;
+END
 $$;
 
 -- Deliver a signal to exactly one run id: accepted, duplicate (same name, payload hash, sender and reason),
 -- rejected:conflict (the id names another signal) or rejected:inbox_full; every attempt is audited, with why
 -- for a refusal, and of those not accepted the newest p_cap are kept. No row: the run does not exist.
-DROP FUNCTION IF EXISTS runifold_deliver(text, text, text, text, text, text, text, text, text, integer);
 CREATE OR REPLACE FUNCTION runifold_deliver(
     p_run text, p_ref text, p_signal text, p_name text, p_payload text, p_hash text, p_sender text, p_key text,
     p_reason text, p_max integer, p_cap integer
@@ -46,7 +54,7 @@ BEGIN
         END IF;
     ELSIF (SELECT count(*) FROM runifold_signals WHERE run_id = p_run AND NOT consumed) >= p_max THEN
         v_verdict := 'rejected:inbox_full';
-        v_detail := 'the run holds ' || p_max || ' unconsumed signals';
+        v_detail := 'the run''s inbox is full (at most ' || p_max || ' unconsumed signals)';
     ELSE
         v_verdict := 'accepted';
         IF v_run.status IN ('completed', 'failed', 'cancelled') THEN
@@ -67,6 +75,17 @@ BEGIN
     END IF;
     RETURN QUERY SELECT v_verdict, coalesce(v_sig.received_at, v_now), v_run.status;
 END
+$$;
+
+-- The baseline's form, kept for processes of the previous runifold still running while this one migrated the
+-- database (a rolling upgrade): their deliveries keep the default 1,000 attempts not accepted.
+CREATE OR REPLACE FUNCTION runifold_deliver(
+    p_run text, p_ref text, p_signal text, p_name text, p_payload text, p_hash text, p_sender text, p_key text,
+    p_reason text, p_max integer
+) RETURNS TABLE (verdict text, received_at double precision, run_status text)
+LANGUAGE sql VOLATILE AS $$
+    SELECT * FROM runifold_deliver(p_run, p_ref, p_signal, p_name, p_payload, p_hash, p_sender, p_key, p_reason,
+                                   p_max, 1000);
 $$;
 
 -- Keep a rejected attempt, and only the newest p_cap attempts of its run that were not accepted
