@@ -37,6 +37,7 @@ from runifold.history._codec import (
 from runifold.history._events import (
     CHILD_SIGNAL_PREFIX,
     MAX_VERSION,
+    LATEST_FIRE,
     NEVER_FIRES,
     TERMINAL_EVENTS,
     AnyEvent,
@@ -68,13 +69,14 @@ from runifold.history._events import (
     ValueRecorded,
     Verdict,
     child_signal,
+    fire_time,
     is_version,
     type_tag,
 )
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "NEVER_FIRES", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
+    "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "NEVER_FIRES", "LATEST_FIRE", "fire_time", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
     "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",

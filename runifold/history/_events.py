@@ -136,9 +136,16 @@ class UsageCharged(Event, frozen=True, tag="usage_charged", kw_only=True):
     units: float
 
 
-#: the ``fire_at`` a timer that never fires records (an endless ``asyncio.sleep(math.inf)``), and the bound from
-#: which any timer never fires: later than any time a store keeps
+#: the latest time a timer fires at: the end of the year 9999 UTC, the last moment a ``datetime`` (``ctx.now()``)
+#: holds. A timer due later (an endless ``asyncio.sleep(math.inf)``, a sleep of 1e20 s) never fires
+LATEST_FIRE = 253402300799.0
+#: the ``fire_at`` a timer that never fires records
 NEVER_FIRES = 1e308
+
+
+def fire_time(at: float) -> float | None:
+    """When a timer due ``at`` (store clock) fires: ``at``, or None (never) past :data:`LATEST_FIRE` (or NaN)."""
+    return at if at <= LATEST_FIRE else None
 
 
 class TimerStarted(Event, frozen=True, tag="timer_started", kw_only=True):
@@ -147,7 +154,7 @@ class TimerStarted(Event, frozen=True, tag="timer_started", kw_only=True):
     @property
     def due(self) -> float | None:
         """When the timer fires (store clock); None: never."""
-        return None if self.fire_at >= NEVER_FIRES else self.fire_at
+        return fire_time(self.fire_at)
 
 
 class TimerFired(Event, frozen=True, tag="timer_fired", kw_only=True):

@@ -66,7 +66,7 @@ from runifold.errors import (
     type_name,
 )
 from runifold.history import (
-    NEVER_FIRES,
+    fire_time,
     AnyEvent,
     CallKind,
     Entry,
@@ -227,14 +227,13 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 
     async def sleep(self, scope: Scope, delay: float | None, until: float | None) -> None:
         fire_at = until if until is not None else self.store_time() + (delay or 0.0)
-        await self._awaited(self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_at))
+        await self._awaited(self._register(scope.key("sleep"), CallKind.TIMER, None, due=fire_time(fire_at)))
 
     def timer(self, scope: Scope, delay: float, fire: Callable[[], None]) -> Callable[[], None]:
         """A durable timer for asyncio's ``call_at`` in workflow code: ``fire`` runs when it fires (live, or at
         its recorded place on replay); the function returned cancels it (recorded as ``call_cancelled``)."""
-        # an endless sleep (math.inf), or one past any time a store keeps, never fires: it has no due time
-        at = self.store_time() + max(0.0, delay)
-        due = at if at < NEVER_FIRES else None
+        # an endless sleep (math.inf), or one past the year 9999, never fires: it has no due time
+        due = fire_time(self.store_time() + max(0.0, delay))
         call = self._register(scope.key("timer"), CallKind.TIMER, None, due=due)
         call.future.add_done_callback(lambda future: None if future.cancelled() else fire())
 
