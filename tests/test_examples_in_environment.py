@@ -168,3 +168,31 @@ def test_a_fake_clock_reads_seconds_however_it_was_started() -> None:
     for bad in (dt.datetime(2030, 1, 1), float("nan"), "2030-01-01"):
         with pytest.raises(ConfigurationError, match=r"FakeClock\(start=\) takes seconds since the epoch"):
             FakeClock(bad)  # type: ignore[arg-type]
+
+
+async def test_a_run_that_waits_only_for_a_timer_that_never_fires_is_named() -> None:
+    """``env.result`` of a run asleep for ever (or past the year 9999) says so, instead of asking for a signal;
+    one waiting for a signal is still told to send it."""
+    import asyncio
+    import math
+
+    from runifold import WorkflowContext, WorkflowDefinition, workflow
+
+    @workflow("asleep")
+    async def asleep(ctx: WorkflowContext, seconds: float | None) -> str:
+        await asyncio.sleep(math.inf if seconds is None else seconds)
+        return "woke"
+
+    @workflow("awaits")
+    async def awaits(ctx: WorkflowContext) -> str:
+        return str(await ctx.wait_signal("go"))
+
+    async with WorkflowEnvironment(WorkflowDefinition(asleep), WorkflowDefinition(awaits, signals={"go": {"*"}})) \
+            as env:
+        for seconds in (None, 1e20):
+            with pytest.raises(AssertionError, match=r"\(timer timer#1, which never fires\): it waits only for a "
+                                                     r"timer that never fires"):
+                await env.result(await env.start(asleep, {"seconds": seconds}))
+        assert await env.result(await env.start(asleep, {"seconds": 3600.0})) == "woke"
+        with pytest.raises(AssertionError, match=r"send what it waits for with env.signal"):
+            await env.result(await env.start(awaits, {}))

@@ -76,7 +76,8 @@ from runifold.history._events import (
 from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
-    "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "NEVER_FIRES", "LATEST_FIRE", "fire_time", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
+    "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "NEVER_FIRES", "LATEST_FIRE", "fire_time",
+    "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
     "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",

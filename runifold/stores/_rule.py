@@ -36,9 +36,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from runifold.history import child_signal as child_signal
 from runifold.errors import RUN_CANCELLED, RUN_GONE, InvalidStateError, SignalRejectedError
-from runifold.stores._protocol import EventRow, Lease, RunColumns, RunStatus
+from runifold.history import child_signal as child_signal
+from runifold.stores._protocol import EventRow, Lease, RunColumns, RunStatus, SignalDelivery
 
 #: the statuses :meth:`WorkflowStore.wake` makes due now
 WAKEABLE = frozenset({RunStatus.READY, RunStatus.WAITING, RunStatus.DIVERGED})
@@ -175,35 +175,26 @@ def purge_refusal(run_id: str, status: RunStatus) -> InvalidStateError | None:
     return InvalidStateError(f"run {run_id} is {status}; only finished runs can be purged: cancel it first")
 
 
-def signal_verdict(
-    existing: tuple[str, str, str, str] | None, name: str, payload_hash: str, sender: str, reason: str,
-    unconsumed: int, max_unconsumed: int,
-) -> str:
-    """``accepted``, ``duplicate``, ``rejected:conflict`` or ``rejected:inbox_full`` for a delivery.
+def signal_verdict(delivery: SignalDelivery, existing: tuple[str, str, str, str] | None, unconsumed: int,
+                   finished: bool) -> tuple[str, str]:
+    """The verdict on ``delivery`` (``accepted``, ``duplicate``, ``rejected:conflict`` or
+    ``rejected:inbox_full``) and what the audit says of it beside the verdict.
 
     ``existing`` is the (name, payload hash, sender, reason) already stored under the signal id, if any: a
     signal id names one signal, so only the same signal again (a resend) is a duplicate; the same id from
-    another sender, or with another name, payload or reason, is a conflict.
+    another sender, or with another name, payload or reason, is a conflict. ``unconsumed`` counts the run's
+    unconsumed signals; ``finished``: the run has finished.
     """
+    sent = (delivery.name, delivery.payload_hash, delivery.sender, delivery.reason)
+    if existing is not None and existing == sent:
+        return "duplicate", ""
     if existing is not None:
-        return "duplicate" if existing == (name, payload_hash, sender, reason) else "rejected:conflict"
-    if unconsumed >= max_unconsumed:
-        return "rejected:inbox_full"
-    return "accepted"
-
-
-def delivery_detail(verdict: str, existing: tuple[str, str, str, str] | None, name: str, payload_hash: str,
-                    sender: str, reason: str, finished: bool, max_unconsumed: int) -> str:
-    """What the audit says of a delivery beside its verdict (see :func:`signal_verdict`)."""
-    if verdict == "rejected:conflict" and existing is not None:
-        differ = [what for what, was, now in zip(("name", "payload", "sender", "reason"), existing,
-                                                  (name, payload_hash, sender, reason), strict=True) if was != now]
-        return f"the signal id names another signal (it differs in: {', '.join(differ)})"
-    if verdict == "rejected:inbox_full":
-        return f"the run's inbox is full (at most {max_unconsumed} unconsumed signals)"
-    if verdict == "accepted" and finished:
-        return "run finished; kept unconsumed"
-    return ""
+        differ = [what for what, was, now in zip(("name", "payload", "sender", "reason"), existing, sent, strict=True)
+                  if was != now]
+        return "rejected:conflict", f"the signal id names another signal (it differs in: {', '.join(differ)})"
+    if unconsumed >= delivery.max_unconsumed:
+        return "rejected:inbox_full", f"the run's inbox is full (at most {delivery.max_unconsumed} unconsumed signals)"
+    return "accepted", "run finished; kept unconsumed" if finished else ""
 
 
 def refused_cap(run_id: str | None, max_per_run: int) -> int:

@@ -402,10 +402,7 @@ class MemoryWorkflowStore:
         found = run.signals.get(delivery.signal_id)
         existing = None if found is None else (found.inbox.name, found.payload_hash, found.inbox.sender,
                                                found.inbox.reason)
-        verdict = _rule.signal_verdict(existing, delivery.name, delivery.payload_hash, delivery.sender,
-                                       delivery.reason, len(run.unconsumed()), delivery.max_unconsumed)
-        detail = _rule.delivery_detail(verdict, existing, delivery.name, delivery.payload_hash, delivery.sender,
-                                       delivery.reason, run.status.finished, delivery.max_unconsumed)
+        verdict, detail = _rule.signal_verdict(delivery, existing, len(run.unconsumed()), run.status.finished)
         self._audit.append(_audit(delivery, verdict, detail, now))
         if verdict != "accepted":
             self._trim_refused(run.run_id, delivery.max_refused)

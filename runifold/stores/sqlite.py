@@ -605,12 +605,8 @@ class SqliteWorkflowStore:
             now = self._clock()
             found = conn.execute(Q["signal_of"], (info.run_id, delivery.signal_id)).fetchone()
             unconsumed = 0 if found else conn.execute(Q["unconsumed_count"], (info.run_id,)).fetchone()[0]
-            verdict = _rule.signal_verdict(None if found is None else (found[0], found[1], found[3], found[4]),
-                                           delivery.name, delivery.payload_hash, delivery.sender, delivery.reason,
-                                           unconsumed, delivery.max_unconsumed)
             existing = None if found is None else (found[0], found[1], found[3], found[4])
-            detail = _rule.delivery_detail(verdict, existing, delivery.name, delivery.payload_hash, delivery.sender,
-                                           delivery.reason, info.status.finished, delivery.max_unconsumed)
+            verdict, detail = _rule.signal_verdict(delivery, existing, unconsumed, info.status.finished)
             _insert_audit(conn, AuditRecord(
                 info.run_id, delivery.run_ref, delivery.signal_id, delivery.name, delivery.sender, delivery.key_id,
                 verdict, delivery.payload_hash, delivery.reason, detail, now))

@@ -140,10 +140,14 @@ class WorkflowEnvironment:
                 handle = run if isinstance(run, RunHandle) else await self.client.get_handle(run)
                 return await handle.result()
             if info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or not await self.skip_time():
-                what = {RunStatus.PARKED: "resolve its effect with resolve_effect(env.store, env.registry, ...) first",
-                        RunStatus.DIVERGED: "its code no longer matches its history"}.get(
-                    info.status, "it waits only for a timer that never fires" if "never fires" in info.reason
-                    and "signal" not in info.reason else "send what it waits for with env.signal(...) first")
+                if info.status is RunStatus.PARKED:
+                    what = "resolve its effect with resolve_effect(env.store, env.registry, ...) first"
+                elif info.status is RunStatus.DIVERGED:
+                    what = "its code no longer matches its history"
+                elif await self._waits_for_signal(info):
+                    what = "send what it waits for with env.signal(...) first"
+                else:
+                    what = "it waits only for a timer that never fires"
                 raise AssertionError(
                     f"run {info.run_id} is {info.status} and nothing in this environment will change that "
                     f"({info.reason}): {what}"

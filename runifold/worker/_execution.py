@@ -66,7 +66,6 @@ from runifold.errors import (
     type_name,
 )
 from runifold.history import (
-    fire_time,
     AnyEvent,
     CallKind,
     Entry,
@@ -75,6 +74,7 @@ from runifold.history import (
     RunFailed,
     UsageCharged,
     ValueRecorded,
+    fire_time,
     fold,
     record,
 )

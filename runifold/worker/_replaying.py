@@ -131,7 +131,8 @@ class Replaying:
                     case TimerPending(fire_at=fire_at):
                         call.due = fire_at
                     case Fresh():
-                        self._buffer.append(TimerStarted(key=key, fire_at=NEVER_FIRES if call.due is None else call.due))
+                        fire_at = NEVER_FIRES if call.due is None else call.due
+                        self._buffer.append(TimerStarted(key=key, fire_at=fire_at))
                     case _ as unreachable:
                         assert_never(unreachable)
             case CallKind.SIGNAL:
