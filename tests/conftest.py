@@ -111,12 +111,12 @@ REPLAY_FAILURES: list[str] = []
 
 
 def _replay_every_completed_run() -> None:
-    """Make every worker in this test process replay each run it completes, as the debugger would.
+    """Make every worker in this test process replay each run it completes or fails, as the debugger would.
 
     The replay must be clean, reach the end, and return a value equal to the live output, of the same
-    types all the way down. Crash tests do the same for runs completed by worker processes.
+    types all the way down; a failed run's must be clean. Crash tests do the same for runs completed by worker processes.
     """
-    from runifold import Completed
+    from runifold import Completed, Failed
     from runifold.worker._worker import WorkflowWorker
 
     original = WorkflowWorker._drive
@@ -127,6 +127,11 @@ def _replay_every_completed_run() -> None:
             from tests.corpus.check import replay_problems
 
             REPLAY_FAILURES.extend(await replay_problems(self.store, self.registry, outcome.run_id, outcome.output))
+        elif isinstance(outcome, Failed) and outcome.run_failed:
+            from tests.corpus.check import replay_problems
+
+            # a failed run's history replays too (where the engine refused a call, the replay may stop there)
+            REPLAY_FAILURES.extend(await replay_problems(self.store, self.registry, outcome.run_id, failed=True))
         return outcome
 
     WorkflowWorker._drive = drive  # type: ignore[method-assign]
@@ -138,4 +143,4 @@ def _completed_runs_replay() -> Any:
     REPLAY_FAILURES.clear()
     yield
     failures, REPLAY_FAILURES[:] = list(REPLAY_FAILURES), []
-    assert not failures, "completed runs that do not replay exactly:\n" + "\n".join(failures)
+    assert not failures, "finished runs that do not replay exactly:\n" + "\n".join(failures)

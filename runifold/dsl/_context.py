@@ -170,9 +170,11 @@ class WorkflowContext:
     def charge(self, units: float) -> None:
         """Charge ``units`` of cost to the run's budget (counted once, never on replay).
 
+        A charge that would exceed the budget's ``max_cost_units`` fails the run there: nothing is raised into
+        workflow code, and nothing it calls after the charge runs or is recorded.
+
         Raises:
             ConfigurationError: ``units`` is not a finite number >= 0 (usage only grows).
-            BudgetExceededError: (failing the run) when the budget's cost units run out.
         """
         if isinstance(units, bool) or not isinstance(units, (int, float)) or not math.isfinite(units) or units < 0:
             raise ConfigurationError(f"ctx.charge takes a finite number of cost units >= 0 (usage only grows), "

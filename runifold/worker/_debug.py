@@ -16,10 +16,13 @@ from typing import Any
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import InvalidStateError, NondeterminismError
 from runifold.history import Entry, decode_event
-from runifold.stores import UNFINISHED, RunStatus, WorkflowStore
+from runifold.stores import UNFINISHED, RunInfo, RunStatus, WorkflowStore
 from runifold.worker._call import ReplayReport
 from runifold.worker._execution import Execution
 from runifold.worker._registry import WorkflowRegistry
+
+#: runs read per page by check_compatibility
+_PAGE = 1000
 
 __all__ = ["ReplayReport", "call_returns", "check_compatibility", "replay", "replay_run"]
 
@@ -77,19 +80,31 @@ async def check_compatibility(
     does not hold is reported as diverging at ``(definition)``, since no worker
     with this registry could continue it. ``statuses`` picks other runs instead
     (``{RunStatus.COMPLETED}``: do finished runs replay exactly against this code?),
-    at most ``limit`` of each status.
+    at most ``limit`` runs.
+
+    Workers may run meanwhile: the store's runs are read once, a page at a time in run-id order, and those of
+    ``statuses`` kept, so a run that changes status while the check reads is checked once (listing status by
+    status missed a run that moved to a status already listed, and counted twice one that moved ahead).
     """
+    wanted = frozenset(statuses)
+    chosen: list[RunInfo] = []
+    after = None
+    while len(chosen) < limit:
+        page = await store.list_runs(name=name, limit=_PAGE, after=after)
+        chosen.extend(info for info in page if info.status in wanted)
+        if len(page) < _PAGE:
+            break
+        after = page[-1].run_id
     reports = []
-    for status in dict.fromkeys(statuses):
-        for info in await store.list_runs(status=status, name=name, limit=limit):
-            if registry.get(info.name, info.version) is None:
-                report = ReplayReport(info.run_id)
-                registered = ", ".join(f"{n} v{v}" for n, v in registry.versions()) or "none"
-                report.divergence = NondeterminismError(
-                    "(definition)", f"a run of {info.name} v{info.version}", f"a registry of {registered}",
-                    "no worker with this code can continue it: keep that version registered until its runs finish",
-                )
-                reports.append(report)
-                continue
-            reports.append(await replay_run(store, registry, info.run_id))
+    for info in chosen[:limit]:
+        if registry.get(info.name, info.version) is None:
+            report = ReplayReport(info.run_id)
+            registered = ", ".join(f"{n} v{v}" for n, v in registry.versions()) or "none"
+            report.divergence = NondeterminismError(
+                "(definition)", f"a run of {info.name} v{info.version}", f"a registry of {registered}",
+                "no worker with this code can continue it: keep that version registered until its runs finish",
+            )
+            reports.append(report)
+            continue
+        reports.append(await replay_run(store, registry, info.run_id))
     return reports

@@ -72,6 +72,8 @@ from runifold.history import (
     Replayer,
     RunCompleted,
     RunFailed,
+    RunRetried,
+    RunStarted,
     UsageCharged,
     ValueRecorded,
     fire_time,
@@ -155,6 +157,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         # invariant: usage only grows; a recovery repeated whatever was in flight, so it counts as a step
         self.usage = Usage(usage.steps + recoveries, usage.effect_attempts, usage.retries, usage.cost_units)
         self._recorded_result = [e.event for e in entries if isinstance(e.event, RunCompleted)]
+        # the live run failed before its code made any call (its input did not fit)
+        self._failed_at_start = all(isinstance(e.event, (RunStarted, RunFailed, RunRetried)) for e in entries) and any(
+            isinstance(e.event, RunFailed) for e in entries)
         self._inbox: list[InboxSignal] = sorted(inbox, key=lambda s: s.received_at)
         self._inbox_read = live.store_now if live is not None else 0.0
         self._inbox_due: float | None = None
@@ -179,6 +184,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         self._lost: str | None = None
         self._store_error: StoreError | None = None
         self._closing = False
+        # the key of a charge the budget refused: the run fails there, and nothing workflow code calls after it is
+        # recorded (a charge returns, so its task goes on: what it calls next must not enter the history)
+        self._refused: str | None = None
         self._flush = False
         self._woken = False
         self._waiter: asyncio.Future[None] | None = None
@@ -244,7 +252,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         return cancel
 
     async def wait_signal(self, scope: Scope, name: str, timeout: float | None, type_: Any = Any) -> Any:
-        deadline = None if timeout is None else self.store_time() + timeout
+        # a deadline past the year 9999 never passes, as a timer due then never fires
+        deadline = None if timeout is None else fire_time(self.store_time() + timeout)
         return await self._awaited(self._register(scope.key(f"wait.{name}"), CallKind.SIGNAL, type_, name=name,
                                                   due=deadline))
 
@@ -291,8 +300,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
     def record_value(self, scope: Scope, kind: str, make: Callable[[], Any]) -> Any:
         self._here()
         key = scope.key(kind)
-        if self._closing:
-            return make()  # the run is suspended or over: nothing is recorded (see _register)
+        if self._closing or self._refused is not None:
+            return make()  # the run is suspended, over or failing: nothing is recorded (see _register)
         self._made += 1
         events = self._visit(key, CallKind.VALUE)
         if events:
@@ -306,13 +315,16 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
     def charge(self, scope: Scope, units: float) -> None:
         self._here()
         key = scope.key("charge")
-        if self._closing:
+        if self._closing or self._refused is not None:
             return
         self._made += 1
         if self._visit(key, CallKind.CHARGE):
             return
         budget = self.definition.budget.max_cost_units
         if budget is not None and self.usage.cost_units + units > budget:
+            # invariant: the run fails at this charge, live and on replay alike (usage is the history's fold, and
+            # nothing charged after it is recorded), so its history ends where its code was refused
+            self._refused = key
             self._fail(BudgetExceededError("cost units", self.usage.cost_units + units, budget), key)
             return
         self.usage.cost_units += units
@@ -356,6 +368,10 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             task = asyncio.current_task()
             if task is not None:
                 task.cancel()
+            return Call(key, kind, self._loop.create_future(), returns, **fields)
+        if self._refused is not None:
+            # the run fails at a refused charge: a later call records nothing and never ends (as a step the budget
+            # refused: its task waits until the run's teardown)
             return Call(key, kind, self._loop.create_future(), returns, **fields)
         self._made += 1
         events = self._visit(key, kind)
@@ -439,7 +455,10 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                 pending = [c.key for c in self._open if not c.future.done()]
                 report.stopped_at = pending[0] if pending else None
                 root = self._root
-                if root is not None and root.done():
+                if self._failure is not None:
+                    # a charge the budget refused: the run fails there, whatever its code does after
+                    report.finished, report.stopped_at, report.error = True, None, self._failure[0]
+                elif root is not None and root.done():
                     report.finished = True
                     if root.cancelled():
                         report.error = "the workflow's task was cancelled"
@@ -459,11 +478,12 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         try:
             kwargs = bind_input(self.definition, dict(self.replayer.started.input))
         except RunifoldError as exc:
-            if self._live is None:
+            if self._live is None and not self._failed_at_start:
+                # the live run's code took this input: today's code does not fit it
                 self._divergence = NondeterminismError(
                     "(input)", "the recorded input", "a signature it does not fit", str(exc))
             else:
-                self._fail(exc, "")
+                self._fail(exc, "")  # (the debugger: the live run failed the same way, at its input)
             return False
         ctx = contextvars.copy_context()
         # log lines of workflow code carry the run id (structlog's contextvars)

@@ -41,11 +41,14 @@ def typed(value: Any) -> Any:
 
 
 async def replay_problems(store: Any, registry: WorkflowRegistry, ref: str, live: Any = None,
-                          *, compare_live: bool = True) -> list[str]:
-    """Return what breaks properties 1 and 2 for one finished run (empty: nothing)."""
+                          *, compare_live: bool = True, failed: bool = False) -> list[str]:
+    """Return what breaks properties 1 and 2 for one finished run (empty: nothing); of a ``failed`` run, only
+    a divergence (a call the engine refused, a step over budget say, leaves its replay stopped there)."""
     info = await store.get_run(ref)
     definition = registry.definition_for(info.name, info.version)
     report = await replay(definition, info.run_id, await entries(store, info.run_id))
+    if failed:
+        return [] if report.divergence is None else [f"{ref} ({info.name}, failed): replay diverges: {report.divergence}"]
     problems = []
     pending = fold(await entries(store, info.run_id)).pending_effects
     if info.status is RunStatus.COMPLETED and pending:

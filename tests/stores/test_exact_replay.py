@@ -297,6 +297,29 @@ async def test_an_endless_sleep_never_fires_and_a_long_one_keeps_its_whole_delay
     assert report.divergence is None and report.stopped_at == "timer#1" and not report.finished
 
 
+@workflow("waits-long")
+async def waits_long(ctx: WorkflowContext, days: int) -> str:
+    try:
+        return str(await ctx.wait_signal("go", timeout=timedelta(days=days)))
+    except WaitTimeoutError:
+        return "timed out"
+
+
+@pytest.mark.parametrize("days", [365 * 8000, timedelta.max.days])
+async def test_a_signal_wait_whose_deadline_is_after_the_year_9999_never_times_out(store: Any, days: int) -> None:
+    """As a timer due after the year 9999 never fires, a wait whose deadline falls after it has none: the run
+    waits with no due time. Its deadline was kept: the testing kit skipped to it and the run then failed on
+    ctx.now(), or timed out at once with timedelta.max (helper-61)."""
+    definition = WorkflowDefinition(waits_long, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("waits-long", 1, {"days": days}, checkpoint_id="wl1"))
+    suspended = await worker(store, definition).run_once()
+    assert isinstance(suspended, Suspended) and suspended.signals, suspended
+    assert (await store.get_run("wl1")).due_at is None
+    await send_signal(store, "wl1", "go", "s1", "late")
+    done = await until_completed(store, definition)
+    assert done.output == "late"
+
+
 async def test_an_endless_sleep_is_woken_to_fail_when_the_elapsed_budget_runs_out(store: Any) -> None:
     """A run asleep for ever under ``Budget(max_elapsed=...)`` is due when its budget runs out, and fails then;
     with no due time of its own it was never woken (review of the endless-sleep fix)."""
@@ -1018,6 +1041,37 @@ async def test_charges_in_concurrent_branches_are_all_counted(store: Any) -> Non
     assert calls["charged"] <= 1
 
 
+@workflow("charges-then-waits")
+async def charges_then_waits(ctx: WorkflowContext) -> int:
+    for _ in range(3):
+        ctx.charge(4)
+        ctx.uuid()  # a value drawn right after the charge, recorded with the timer's commit
+        await asyncio.sleep(0.01)  # a durable timer, recorded when set
+    return 12
+
+
+async def test_a_run_failed_by_its_cost_budget_replays_and_goes_on_once_the_budget_is_raised(store: Any) -> None:
+    """The third charge is refused: the run fails there, and what its code calls after the charge (a value, a
+    timer) is not recorded, so its history replays against its code; retried with a larger budget, it completes."""
+    from runifold import retry_run
+
+    tight = WorkflowDefinition(charges_then_waits, Budget(max_cost_units=10))
+    await store.enqueue(WorkflowTask("charges-then-waits", 1, {}, checkpoint_id="cb1"))
+    for _ in range(20):
+        outcome = await worker(store, tight).run_once()
+        if isinstance(outcome, Failed):
+            break
+        await asyncio.sleep(0.02)
+    assert isinstance(outcome, Failed) and outcome.run_failed and "cost units would reach 12" in outcome.reason
+    assert await keys(store, "cb1", "timer_started") == ["timer#1", "timer#2"]
+    assert await keys(store, "cb1", "value_recorded") == ["uuid#1", "uuid#2"]
+    report = await replay_run(store, WorkflowRegistry(tight), "cb1")
+    assert report.clean and report.finished and "cost units would reach 12" in str(report.error), report
+    await retry_run(store, "cb1", by="test", reason="raised the budget")
+    done = await until_completed(store, WorkflowDefinition(charges_then_waits, Budget(max_cost_units=100)))
+    assert done.output == 12 and fold(await entries(store, "cb1")).usage.cost_units == 12
+
+
 # -- 13. a deploy check names runs whose definition the new code lacks ----------------------------------
 
 
@@ -1030,6 +1084,62 @@ async def test_replay_all_reports_runs_of_unregistered_workflows(store: Any) -> 
     old = by_run[(await store.get_run("old1")).run_id]
     assert not old.clean and old.divergence is not None and "retired-workflow v3" in str(old.divergence)
     assert by_run[(await store.get_run("d1")).run_id].clean
+
+
+async def test_replay_all_checks_each_run_once_while_runs_change_status(store: Any) -> None:
+    """The check before a deploy runs beside live workers: a run that moves from waiting to ready while the check
+    reads the store is checked once. Listed status by status, it was missed (ready had been listed already), and
+    a run moving ahead was counted twice (helper-63)."""
+    definition = WorkflowDefinition(waits_long, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("waits-long", 1, {"days": 1}, checkpoint_id="m1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await store.enqueue(WorkflowTask("waits-long", 1, {"days": 1}, checkpoint_id="m2"))
+
+    class Moving:
+        """The store, where runs move right after the check's first listing."""
+
+        def __init__(self) -> None:
+            self.listings = 0
+
+        async def list_runs(self, **kwargs: Any) -> Any:
+            page = await store.list_runs(**kwargs)
+            self.listings += 1
+            if self.listings == 1:  # a worker claims m2 (ready to running) and m1's signal comes
+                assert await store.claim("w9", {"waits-long"}, 30.0) is not None
+                await send_signal(store, "m1", "go", "s1", "now")
+            return page
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+    reports = await check_compatibility(Moving(), WorkflowRegistry(definition))  # type: ignore[arg-type]
+    ids = [r.run_id for r in reports]
+    assert sorted(ids) == sorted([(await store.get_run("m1")).run_id, (await store.get_run("m2")).run_id]), ids
+    assert all(r.clean for r in reports)
+
+
+@workflow("takes-days")
+async def takes_days(ctx: WorkflowContext, days: str) -> str:
+    return days
+
+
+async def test_an_input_the_code_does_not_fit_diverges_unless_the_live_run_failed_on_it(store: Any) -> None:
+    """A waiting run whose input today's code no longer takes diverges at (input); a run whose input its own
+    code refused failed there, and its replay says so, cleanly (it was reported as diverging)."""
+    await store.enqueue(WorkflowTask("takes-days", 1, {"days": 3}, checkpoint_id="in1"))
+    failed = await worker(store, WorkflowDefinition(takes_days)).run_once()
+    assert isinstance(failed, Failed) and failed.run_failed
+    report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(takes_days)), "in1")
+    assert report.clean and report.finished and "expects 'str'" in str(report.error), report
+    await store.enqueue(WorkflowTask("waits-long", 1, {"days": 3}, checkpoint_id="in2"))
+    assert isinstance(await worker(store, WorkflowDefinition(waits_long, signals={"go": {"*"}})).run_once(), Suspended)
+
+    @workflow("waits-long")
+    async def waits_long_by_name(ctx: WorkflowContext, days: str) -> str:
+        return days
+
+    report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(waits_long_by_name)), "in2")
+    assert report.divergence is not None and report.divergence.key == "(input)", report
 
 
 async def test_the_debugger_reports_where_an_unfinished_run_waits(store: Any) -> None:
