@@ -199,12 +199,14 @@ async def resolve_cmd(args: argparse.Namespace) -> int:
     try:
         # (only an APPLIED output is checked against the code)
         registry = registry_of(args) if resolution is Resolution.APPLIED else None
-        result = await resolve_effect(store, registry, args.run, args.effect, resolution, by=args.by,
+        info = await store.get_run(args.run)
+        result = await resolve_effect(store, registry, info.run_id, args.effect, resolution, by=args.by,
                                       reason=args.reason, output=output)
     finally:
         await store.close()
     if args.json:
-        emit_json({"run": args.run, "effect": args.effect, "resolution": resolution, "revision": result.revision})
+        emit_json({"run_id": info.run_id, "checkpoint_id": info.checkpoint_id, "effect": args.effect,
+                   "resolution": resolution, "revision": result.revision})
     else:
         print(f"resolved {args.effect} of {args.run} as {resolution} (revision {result.revision}); the run is ready")
     return 0
@@ -213,12 +215,14 @@ async def resolve_cmd(args: argparse.Namespace) -> int:
 async def cancel_cmd(args: argparse.Namespace) -> int:
     store = await store_of(args)
     try:
-        already = (await store.get_run(args.run)).status is RunStatus.CANCELLED
-        result = await cancel_run(store, args.run, by=args.by, reason=args.reason)
+        info = await store.get_run(args.run)
+        already = info.status is RunStatus.CANCELLED
+        result = await cancel_run(store, info.run_id, by=args.by, reason=args.reason)
     finally:
         await store.close()
     if args.json:
-        emit_json({"run": args.run, "revision": result.revision, "already_cancelled": already})
+        emit_json({"run_id": info.run_id, "checkpoint_id": info.checkpoint_id, "revision": result.revision,
+                   "already_cancelled": already})
     else:
         print(f"{args.run} was already cancelled (revision {result.revision})" if already
               else f"cancelled {args.run} (revision {result.revision})")

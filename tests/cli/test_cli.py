@@ -131,15 +131,21 @@ def test_resolve_cancel_and_migrate(cli: Cli) -> None:
     wrong = cli("resolve", "e1", "other#1", "--retry", "--reason", "x")
     assert wrong.returncode == 1 and "ambiguous effects: ['notify#1']" in wrong.stderr
     # --retry and --fail need no code: only an --applied output is checked against it (helper-46)
-    resolved = cli("resolve", "e1", "notify#1", "--retry", "--reason", "smtp is back", "--by", "ops-bob",
+    resolved = cli("resolve", "e1", "notify#1", "--retry", "--reason", "smtp is back", "--by", "ops-bob", "--json",
                    env={"RUNIFOLD_APP": ""})
-    assert resolved.returncode == 0 and "as retry" in resolved.stdout, resolved.stderr
+    assert resolved.returncode == 0, resolved.stderr
+    # --json names the run by its run id and checkpoint id, as every other command does (helper-63)
+    answer = json.loads(resolved.stdout)
+    assert (answer["run_id"], answer["checkpoint_id"], answer["effect"], answer["resolution"]) == (
+        run_id, "e1", "notify#1", "retry"), answer
     run_worker_until(cli, "e1", RunStatus.COMPLETED)
     assert '"by":"ops-bob"' in cli("history", "e1").stdout
     assert cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "c9").returncode == 0
     assert cli("cancel", "c9", "--reason", "not needed").returncode == 0
     again = cli("cancel", "c9", "--reason", "again")
     assert again.returncode == 0 and "c9 was already cancelled" in again.stdout
+    answer = json.loads(cli("cancel", "c9", "--reason", "again", "--json").stdout)
+    assert answer["run_id"].startswith("run_") and answer["checkpoint_id"] == "c9" and answer["already_cancelled"]
     assert [e["event"]["type"] for e in json.loads(cli("history", "c9", "--json").stdout)] == [
         "run_started", "run_cancelled"]
 
