@@ -100,6 +100,14 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[
 
     def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         _check_async(fn, "workflow")
+        earlier = getattr(fn, WORKFLOW_ATTR, None)
+        if isinstance(earlier, WorkflowSpec):
+            # the spec lives on the function: decorating it again would relabel the first workflow too
+            fname = getattr(fn, "__name__", "fn")
+            raise ConfigurationError(
+                f"{fname} is workflow {earlier.name!r} version {earlier.version} already; a function is one "
+                f"workflow version: for {name!r} version {version}, decorate another function (it may call this "
+                f"one: return await {fname}(ctx, ...))")
         params = positional_params(fn, 0)
         if not params or not _may_be_context(inspect.signature(fn).parameters[params[0]].annotation):
             raise ConfigurationError(

@@ -32,5 +32,10 @@ class FakeClock:
         return self._now
 
     def advance(self, by: timedelta | float) -> None:
-        """Move the clock forward."""
-        self._now += by.total_seconds() if isinstance(by, timedelta) else by
+        """Move the clock forward by ``by`` (a timedelta, or seconds): a store's clock never goes back."""
+        seconds = by.total_seconds() if isinstance(by, timedelta) else by
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0 \
+                or not math.isfinite(seconds):
+            raise ConfigurationError(f"the clock only moves forward: advance() takes a timedelta or seconds >= 0, "
+                                     f"got {by!r}")
+        self._now += seconds

@@ -53,6 +53,13 @@ class WorkflowEnvironment:
                  start: datetime | None = None) -> None:
         if isinstance(registry, WorkflowDefinition):
             registry = WorkflowRegistry(registry, *more)
+        elif not isinstance(registry, WorkflowRegistry) or more:
+            raise ConfigurationError(
+                f"WorkflowEnvironment takes a WorkflowRegistry, or one or more WorkflowDefinitions (a @workflow "
+                f"function goes in one: WorkflowDefinition(fn)), not both; got {', '.join(map(repr, (registry, *more)))}")
+        if start is not None and not isinstance(start, datetime):
+            raise ConfigurationError(f"WorkflowEnvironment(start=) takes an aware datetime (e.g. "
+                                     f"datetime(2030, 1, 1, tzinfo=UTC)), got {start!r}")
         if start is not None and start.utcoffset() is None:
             raise ConfigurationError(f"WorkflowEnvironment(start=) takes an aware datetime (e.g. with tzinfo=UTC), "
                                      f"got {start!r}: a naive one would be read in this machine's time zone")
@@ -104,6 +111,8 @@ class WorkflowEnvironment:
     async def skip_time(self, by: timedelta | None = None) -> bool:
         """Move the clock ``by`` ahead, or (by default) to the next due timer or retry; False if none is pending."""
         if by is not None:
+            if not isinstance(by, timedelta):
+                raise ConfigurationError(f"skip_time(by=) takes a timedelta, got {by!r}")
             self.clock.advance(by)
             return True
         due = [r.due_at for r in await self._unfinished() if r.due_at is not None]

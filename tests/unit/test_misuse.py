@@ -257,3 +257,46 @@ def test_a_backoff_never_exceeds_its_maximum_even_far_past_it() -> None:
     assert RetryPolicy(max_attempts=5000, initial=timedelta(0)).backoff(2000, rng) == 0.0
     growing = RetryPolicy(max_attempts=5000, initial=timedelta(seconds=1), factor=2)
     assert 0.8 <= growing.backoff(2, rng) <= 1.2 and growing.backoff(4000, rng) <= 300
+
+
+def test_a_workflow_function_decorated_twice_is_refused_not_relabelled() -> None:
+    """The spec lives on the function: a second @workflow relabelled the first (v1 became v2, and registering
+    both said 'version 2 is already registered') (helper-61)."""
+    async def order(ctx: WorkflowContext) -> int:
+        return 1
+
+    first = workflow("order", version=1)(order)
+    with pytest.raises(ConfigurationError, match="is workflow 'order' version 1 already.*decorate another function"):
+        workflow("order", version=2)(order)
+    assert WorkflowDefinition(first).spec.version == 1
+
+
+async def test_the_testing_kit_refuses_what_it_cannot_take_saying_what_it_takes() -> None:
+    """A registry with definitions beside it dropped the definitions; a bare workflow function or a number for
+    start= gave an AttributeError later; a negative skip moved the clock back (helper-61)."""
+    from datetime import UTC, datetime
+
+    from runifold import WorkflowRegistry
+    from runifold.testing import FakeClock
+
+    @workflow("kit-args")
+    async def kit_args(ctx: WorkflowContext) -> int:
+        return 1
+
+    definition = WorkflowDefinition(kit_args)
+    for args, kwargs in [((WorkflowRegistry(definition), definition), {}), ((kit_args,), {}), (([definition],), {}),
+                         ((definition,), {"start": 1e9})]:
+        with pytest.raises(ConfigurationError, match="WorkflowEnvironment"):
+            WorkflowEnvironment(*args, **kwargs)
+    async with WorkflowEnvironment(definition, start=datetime(2030, 1, 1, tzinfo=UTC)) as env:
+        before = env.clock()
+        for back in (timedelta(hours=-2), -1.0, math.nan):
+            with pytest.raises(ConfigurationError, match="only moves forward"):
+                env.clock.advance(back)
+        with pytest.raises(ConfigurationError, match="only moves forward"):
+            await env.skip_time(by=timedelta(seconds=-1))
+        assert env.clock() == before
+        assert await env.skip_time(by=timedelta(hours=1)) and env.clock() == before + 3600
+    clock = FakeClock(0)
+    clock.advance(2.5)
+    assert clock() == 2.5
