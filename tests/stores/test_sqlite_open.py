@@ -213,6 +213,9 @@ async def test_a_mistyped_store_url_is_refused_saying_which_forms_there_are(tmp_
         with pytest.raises(ConfigurationError) as refused:
             await open_store(url)
         assert str(refused.value) == f"unrecognised PostgreSQL URL ({why}); use postgresql://user@host:port/db"
+    # SQLite's read-only switch reached the server as an unknown setting (helper-63)
+    with pytest.raises(ConfigurationError, match=r"\?mode=ro is a SQLite URL's: .* drop \?mode="):
+        await open_store("postgresql://u@127.0.0.1:1/db?mode=ro")
     assert list(tmp_path.iterdir()) == []
     store = await open_store("plain.db")  # a plain path ending in .db is a SQLite file, as documented
     await store.close()
