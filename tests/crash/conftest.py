@@ -87,7 +87,8 @@ async def crash_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 
 
 async def replay_completed(url: str, apps: set[str]) -> None:
-    """Replay every completed run in the store against the code that ran it; fail on any divergence."""
+    """Replay every completed or failed run in the store against the code that ran it; fail on any divergence
+    (a completed run's replay must also reach its end)."""
     import importlib
 
     from runifold import RunStatus, WorkflowRegistry
@@ -101,14 +102,16 @@ async def replay_completed(url: str, apps: set[str]) -> None:
     store = await open_store(url)
     problems: list[str] = []
     try:
-        for info in await store.list_runs(status=RunStatus.COMPLETED, limit=100_000):
+        finished = [*await store.list_runs(status=RunStatus.COMPLETED, limit=100_000),
+                    *await store.list_runs(status=RunStatus.FAILED, limit=100_000)]
+        for info in finished:
             definition = next((d for r in registries if (d := r.get(info.name, info.version)) is not None), None)
             if definition is None:
-                continue  # completed by a worker this test started in-process, with its own code
+                continue  # finished by a worker this test started in-process, with its own code
             history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await store.history(info.run_id)]
             report = await replay(definition, info.run_id, history)
-            if not report.clean or not report.finished:
+            if not report.clean or (info.status is RunStatus.COMPLETED and not report.finished):
                 problems.append(f"{info.checkpoint_id or info.run_id} ({info.name}): {report.divergence or report.stopped_at}")
     finally:
         await store.close()
-    assert not problems, "completed runs that do not replay against their code:\n" + "\n".join(problems)
+    assert not problems, "finished runs that do not replay against their code:\n" + "\n".join(problems)
