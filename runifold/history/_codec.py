@@ -394,18 +394,11 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
             f"{what} returned a {type(value).__name__} that does not fit its annotated type "
             f"{_name(type_)} ({brief(exc)}); return that type or fix the annotation"
         ) from exc
-    try:
-        same = bool(live == value)
-    except Exception:  # a value whose == raises (arrays, ...) cannot be checked, so not trusted
-        same = False
-    if not same:
+    if not _same(live, value):
         why = _unrecordable(value)
         if why is not None:
             raise SerializationError(f"{what} cannot be recorded: {why}")
-        if isinstance(value, datetime.datetime) and value.fold:
-            hint = ("it is the second of two equal local times (fold=1, as when clocks go back), which Python never "
-                    "compares equal to the same instant at another offset: return it in UTC")
-        elif type_ is not Any:
+        if type_ is not Any:
             hint = f"return a value of type {_name(type_)} that compares equal after a JSON round trip"
         elif isinstance(value, dict) and any(not isinstance(k, str) for k in value):
             hint = "JSON object keys are strings: annotate the key type (e.g. -> dict[int, str]) or use string keys"
@@ -443,6 +436,35 @@ def brief(exc: BaseException) -> str:
         except Exception:  # not pydantic's errors(): fall back to the message
             pass
     return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _same(live: Any, value: Any) -> bool:
+    """``live`` (the value decoded from the log) equals ``value`` (what the call returned), a datetime of a zone
+    counting as equal to the same wall time at the same UTC offset.
+
+    Python never compares a datetime in a zone's repeated or skipped hour (when clocks go back or forward)
+    equal to one of another tzinfo (PEP 495), although the log keeps its wall time and offset, and so its
+    instant: such a datetime, alone or inside a dict, list, tuple, dataclass or Struct, is compared by its
+    ISO text (the recorded form) instead. Anything else is compared by ``==``.
+    """
+    try:
+        if live == value:
+            return True
+    except Exception:  # a value whose == raises (arrays, ...) cannot be checked, so not trusted
+        return False
+    if type(live) is not type(value):
+        return False
+    if isinstance(value, datetime.datetime):
+        return value.tzinfo is not None and live.isoformat() == value.isoformat()
+    if isinstance(value, dict):
+        return live.keys() == value.keys() and all(_same(live[k], value[k]) for k in value)
+    if isinstance(value, (list, tuple)):
+        return len(live) == len(value) and all(_same(a, b) for a, b in zip(live, value, strict=True))
+    if dataclasses.is_dataclass(value) and getattr(value, "__dataclass_params__").eq:  # noqa: B009
+        return all(_same(getattr(live, f.name), getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, msgspec.Struct) and value.__struct_config__.eq:
+        return all(_same(getattr(live, f), getattr(value, f)) for f in value.__struct_fields__)
+    return False
 
 
 def _where_differ(a: bytes, b: bytes) -> str:

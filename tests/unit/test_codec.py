@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -72,15 +73,41 @@ def test_old_rows_decode_with_new_defaults() -> None:
     assert isinstance(event, RunStarted) and event.checkpoint_id is None and event.key == ""
 
 
-def test_an_ambiguous_local_time_is_refused_saying_why_and_what_to_return() -> None:
-    """A datetime with fold=1 never compares equal to its round trip; the hint said 'return a datetime' (helper-19)."""
-    import datetime as dt
+def test_a_local_time_in_a_repeated_or_skipped_hour_is_recorded_with_its_offset() -> None:
+    """Python never compares a datetime in a zone's repeated or skipped hour equal to one of another tzinfo
+    (PEP 495), so such a value, alone or in a dataclass, dict or Struct, was refused: a step returning
+    datetime.now(ZoneInfo(...)) failed for good two hours a year, and a workflow result holding one failed its
+    run (helper-19 refused only fold=1, helper-62 the rest). It keeps its wall time and offset, as any zone's
+    datetime does; what the call receives is what a replay decodes."""
+    import dataclasses
     from zoneinfo import ZoneInfo
 
-    from runifold.history import record
+    import msgspec
 
-    second = dt.datetime(2025, 10, 26, 3, 30, fold=1, tzinfo=ZoneInfo("Europe/Riga"))
-    with pytest.raises(SerializationError, match=r"fold=1, as when clocks go back.*return it in UTC"):
-        record(second, dt.datetime, what="step stamp#1")
-    in_utc = second.astimezone(dt.UTC)
-    assert record(in_utc, dt.datetime, what="step stamp#1")[1] == in_utc
+    from runifold.history import convert, record
+
+    riga = ZoneInfo("Europe/Riga")
+
+    @dataclasses.dataclass
+    class Receipt:
+        order: str
+        at: dt.datetime
+
+    class Stamp(msgspec.Struct):
+        at: dt.datetime
+
+    for local in (dt.datetime(2025, 10, 26, 3, 30, tzinfo=riga), dt.datetime(2025, 10, 26, 3, 30, fold=1, tzinfo=riga),
+                  dt.datetime(2026, 3, 29, 3, 30, tzinfo=riga)):  # twice when clocks go back; never when forward
+        for value, type_ in ((local, dt.datetime), (Receipt("o1", local), Receipt), ({"at": [local]}, dict[str, list[dt.datetime]]),
+                             (Stamp(local), Stamp)):
+            plain, live = record(value, type_, what="step stamp#1")
+            assert live == convert(plain, type_, what="a replay"), value
+        at = record(local, dt.datetime, what="step stamp#1")[1]
+        assert at.isoformat() == local.isoformat() and at.timestamp() == local.timestamp()
+
+    @dataclasses.dataclass(eq=False)
+    class Opaque:  # compared by identity: never equal after a round trip, as before
+        at: dt.datetime
+
+    with pytest.raises(SerializationError, match="would come back from the log"):
+        record(Opaque(dt.datetime(2025, 7, 1, tzinfo=dt.UTC)), Opaque, what="step stamp#1")
