@@ -444,8 +444,8 @@ def _same(live: Any, value: Any) -> bool:
 
     Python never compares a datetime in a zone's repeated or skipped hour (when clocks go back or forward)
     equal to one of another tzinfo (PEP 495), although the log keeps its wall time and offset, and so its
-    instant: such a datetime, alone or inside a dict, list, tuple, dataclass or Struct, is compared by its
-    ISO text (the recorded form) instead. Anything else is compared by ``==``.
+    instant: such a datetime, alone or inside a dict (as a key too), list, tuple, set, dataclass, Struct or
+    pydantic model, is compared by its ISO text (the recorded form) instead. Anything else is compared by ``==``.
     """
     try:
         if live == value:
@@ -456,15 +456,36 @@ def _same(live: Any, value: Any) -> bool:
         return False
     if isinstance(value, datetime.datetime):
         return value.tzinfo is not None and live.isoformat() == value.isoformat()
-    if isinstance(value, dict):
-        return live.keys() == value.keys() and all(_same(live[k], value[k]) for k in value)
+    if isinstance(value, (set, frozenset, dict)):
+        # hashed members (a set's, a dict's keys) are paired by their recorded text
+        ours, theirs = _by_text(live), _by_text(value)
+        if ours is None or theirs is None or ours.keys() != theirs.keys() or len(theirs) != len(value) \
+                or len(ours) != len(live):
+            return False  # (two members of one text: not told apart)
+        pairs = [(ours[t], theirs[t]) for t in theirs]
+        return all(_same(a, b) and (not isinstance(value, dict) or _same(live[a], value[b])) for a, b in pairs)
     if isinstance(value, (list, tuple)):
         return len(live) == len(value) and all(_same(a, b) for a, b in zip(live, value, strict=True))
     if dataclasses.is_dataclass(value) and getattr(value, "__dataclass_params__").eq:  # noqa: B009
         return all(_same(getattr(live, f.name), getattr(value, f.name)) for f in dataclasses.fields(value))
     if isinstance(value, msgspec.Struct) and value.__struct_config__.eq:
         return all(_same(getattr(live, f), getattr(value, f)) for f in value.__struct_fields__)
+    fields = getattr(type(value), "model_fields", None)  # a pydantic model (compared by its fields, as == does)
+    if isinstance(fields, dict) and "pydantic" in sys.modules:
+        import pydantic
+
+        if isinstance(value, pydantic.BaseModel):
+            return all(_same(getattr(live, f), getattr(value, f)) for f in fields) and (
+                live.__pydantic_extra__ == value.__pydantic_extra__)
     return False
+
+
+def _by_text(members: Any) -> dict[bytes, Any] | None:
+    """A set's members (a dict's keys) by their recorded text; None when one cannot be recorded."""
+    try:
+        return {canonical_json(m, what="a member"): m for m in members}
+    except SerializationError:
+        return None
 
 
 def _where_differ(a: bytes, b: bytes) -> str:

@@ -83,6 +83,7 @@ def test_a_local_time_in_a_repeated_or_skipped_hour_is_recorded_with_its_offset(
     from zoneinfo import ZoneInfo
 
     import msgspec
+    import pydantic
 
     from runifold.history import convert, record
 
@@ -96,10 +97,16 @@ def test_a_local_time_in_a_repeated_or_skipped_hour_is_recorded_with_its_offset(
     class Stamp(msgspec.Struct):
         at: dt.datetime
 
+    class Model(pydantic.BaseModel):
+        at: dt.datetime
+
     for local in (dt.datetime(2025, 10, 26, 3, 30, tzinfo=riga), dt.datetime(2025, 10, 26, 3, 30, fold=1, tzinfo=riga),
                   dt.datetime(2026, 3, 29, 3, 30, tzinfo=riga)):  # twice when clocks go back; never when forward
-        for value, type_ in ((local, dt.datetime), (Receipt("o1", local), Receipt), ({"at": [local]}, dict[str, list[dt.datetime]]),
-                             (Stamp(local), Stamp)):
+        for value, type_ in ((local, dt.datetime), (Receipt("o1", local), Receipt),
+                             ({"at": [local]}, dict[str, list[dt.datetime]]), (Stamp(local), Stamp),
+                             ({local}, set[dt.datetime]), (frozenset([local]), frozenset[dt.datetime]),
+                             ({local: local}, dict[dt.datetime, dt.datetime]),
+                             (Model(at=local), Model)):  # (helper-65: models, sets and keys were refused still)
             plain, live = record(value, type_, what="step stamp#1")
             assert live == convert(plain, type_, what="a replay"), value
         at = record(local, dt.datetime, what="step stamp#1")[1]
