@@ -54,9 +54,10 @@ class WorkflowEnvironment:
         if isinstance(registry, WorkflowDefinition):
             registry = WorkflowRegistry(registry, *more)
         elif not isinstance(registry, WorkflowRegistry) or more:
+            both = "; not both" if isinstance(registry, WorkflowRegistry) else ""
             raise ConfigurationError(
                 f"WorkflowEnvironment takes a WorkflowRegistry, or one or more WorkflowDefinitions (a @workflow "
-                f"function goes in one: WorkflowDefinition(fn)), not both; got {', '.join(map(repr, (registry, *more)))}")
+                f"function goes in one: WorkflowDefinition(fn)){both}; got {', '.join(map(repr, (registry, *more)))}")
         if start is not None and not isinstance(start, datetime):
             raise ConfigurationError(f"WorkflowEnvironment(start=) takes an aware datetime (e.g. "
                                      f"datetime(2030, 1, 1, tzinfo=UTC)), got {start!r}")
@@ -111,8 +112,9 @@ class WorkflowEnvironment:
     async def skip_time(self, by: timedelta | None = None) -> bool:
         """Move the clock ``by`` ahead, or (by default) to the next due timer or retry; False if none is pending."""
         if by is not None:
-            if not isinstance(by, timedelta):
-                raise ConfigurationError(f"skip_time(by=) takes a timedelta, got {by!r}")
+            if not isinstance(by, timedelta) or by < timedelta(0):
+                raise ConfigurationError(f"skip_time(by=) takes a timedelta >= 0 (the clock only moves forward), "
+                                         f"got {by!r}")
             self.clock.advance(by)
             return True
         due = [r.due_at for r in await self._unfinished() if r.due_at is not None]
