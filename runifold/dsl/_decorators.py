@@ -101,7 +101,7 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[
     def decorate(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         _check_async(fn, "workflow")
         earlier = getattr(fn, WORKFLOW_ATTR, None)
-        if isinstance(earlier, WorkflowSpec):
+        if isinstance(earlier, WorkflowSpec) and earlier.fn is fn:  # (a functools.wraps wrapper is another function)
             # the spec lives on the function: decorating it again would relabel the first workflow too
             fname = getattr(fn, "__name__", "fn")
             raise ConfigurationError(

@@ -78,7 +78,7 @@ def _sqlite(url: str) -> tuple[str, bool] | None:
             parts.port  # noqa: B018 - raises for a port that is no number or out of range, a bad IPv6 host
         except ValueError as exc:  # the URL itself is not repeated: it may hold a password
             raise ConfigurationError(f"unrecognised PostgreSQL URL ({exc}); use postgresql://user@host:port/db") from None
-        if "mode" in parse_qs(parts.query):  # (else the server refuses "mode" as an unknown setting)
+        if "mode" in {key.lower() for key in parse_qs(parts.query)}:  # (else the server refuses "mode" as an unknown setting)
             raise ConfigurationError("?mode=ro is a SQLite URL's: the commands that only read open PostgreSQL "
                                      "read-only by themselves (a role with SELECT rights suffices); drop ?mode=")
         return None

@@ -17,6 +17,7 @@ from runifold.dsl import WorkflowDefinition
 from runifold.errors import InvalidStateError, NondeterminismError
 from runifold.history import Entry, decode_event
 from runifold.stores import UNFINISHED, RunInfo, RunStatus, WorkflowStore
+from runifold.stores._protocol import check_listing
 from runifold.worker._call import ReplayReport
 from runifold.worker._execution import Execution
 from runifold.worker._registry import WorkflowRegistry
@@ -86,7 +87,10 @@ async def check_compatibility(
     ``statuses`` kept, so a run that changes status while the check reads is checked once (listing status by
     status missed a run that moved to a status already listed, and counted twice one that moved ahead).
     """
-    wanted = frozenset(statuses)
+    limit = check_listing(name=name, limit=limit)
+    for status in statuses:
+        check_listing(status=status)
+    wanted = frozenset(RunStatus(s) for s in statuses)
     chosen: list[RunInfo] = []
     after = None
     while len(chosen) < limit:

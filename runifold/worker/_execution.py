@@ -157,9 +157,12 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         # invariant: usage only grows; a recovery repeated whatever was in flight, so it counts as a step
         self.usage = Usage(usage.steps + recoveries, usage.effect_attempts, usage.retries, usage.cost_units)
         self._recorded_result = [e.event for e in entries if isinstance(e.event, RunCompleted)]
-        # the live run failed before its code made any call (its input did not fit)
-        self._failed_at_start = all(isinstance(e.event, (RunStarted, RunFailed, RunRetried)) for e in entries) and any(
-            isinstance(e.event, RunFailed) for e in entries)
+        # how the run failed, if it is failed (its last event); the debugger reports it
+        last = entries[-1].event if entries else None
+        self._recorded_failure = last if isinstance(last, RunFailed) else None
+        # the live run failed before its code made any call (its input did not fit, it was retried and did not)
+        self._failed_at_start = self._recorded_failure is not None and all(
+            isinstance(e.event, (RunStarted, RunFailed, RunRetried)) for e in entries)
         self._inbox: list[InboxSignal] = sorted(inbox, key=lambda s: s.received_at)
         self._inbox_read = live.store_now if live is not None else 0.0
         self._inbox_due: float | None = None
@@ -458,6 +461,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                 if self._failure is not None:
                     # a charge the budget refused: the run fails there, whatever its code does after
                     report.finished, report.stopped_at, report.error = True, None, self._failure[0]
+                elif self._recorded_failure is not None and not (root is not None and root.done()):
+                    # the engine failed the run where the replay stops (a budget, a wait nothing can end)
+                    report.finished, report.stopped_at, report.error = True, None, self._recorded_failure.reason
                 elif root is not None and root.done():
                     report.finished = True
                     if root.cancelled():
@@ -478,7 +484,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         try:
             kwargs = bind_input(self.definition, dict(self.replayer.started.input))
         except RunifoldError as exc:
-            if self._live is None and not self._failed_at_start:
+            failed = self._recorded_failure
+            if self._live is None and not (
+                    self._failed_at_start and failed is not None and failed.error_type == type_name(exc)):
                 # the live run's code took this input: today's code does not fit it
                 self._divergence = NondeterminismError(
                     "(input)", "the recorded input", "a signature it does not fit", str(exc))
@@ -544,7 +552,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             if self._resolutions or self._outbox or (loop.has_ready and not root.done()):
                 continue  # (once the workflow returned, tasks it left running do not hold the run: see below)
             if self._bodies:
-                await self._wait(self._next_due())
+                # (once the run fails, no timer fires: its bodies are waited for, not the next due time)
+                await self._wait(None if self._failure is not None else self._next_due())
                 continue
             if self._failure is not None:
                 return await self._finish_failed(self._failure)

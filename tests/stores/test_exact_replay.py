@@ -21,6 +21,7 @@ from runifold import (
     Completed,
     Failed,
     Idle,
+    InvalidInputError,
     ResumePolicy,
     Retried,
     RetryPolicy,
@@ -1112,6 +1113,9 @@ async def test_replay_all_checks_each_run_once_while_runs_change_status(store: A
         def __getattr__(self, name: str) -> Any:
             return getattr(store, name)
 
+    for bad in ({"limit": -1}, {"limit": 2.5}, {"statuses": ["bogus"]}):  # refused, as list_runs refuses them
+        with pytest.raises(InvalidInputError):
+            await check_compatibility(store, WorkflowRegistry(definition), **bad)  # type: ignore[arg-type]
     reports = await check_compatibility(Moving(), WorkflowRegistry(definition))  # type: ignore[arg-type]
     ids = [r.run_id for r in reports]
     assert sorted(ids) == sorted([(await store.get_run("m1")).run_id, (await store.get_run("m2")).run_id]), ids
@@ -1131,6 +1135,11 @@ async def test_an_input_the_code_does_not_fit_diverges_unless_the_live_run_faile
     assert isinstance(failed, Failed) and failed.run_failed
     report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(takes_days)), "in1")
     assert report.clean and report.finished and "expects 'str'" in str(report.error), report
+    from runifold import retry_run
+
+    await retry_run(store, "in1", by="test", reason="retried with the same code")  # ready: it would fail again
+    report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(takes_days)), "in1")
+    assert report.divergence is not None and report.divergence.key == "(input)", report  # (review: it was clean)
     await store.enqueue(WorkflowTask("waits-long", 1, {"days": 3}, checkpoint_id="in2"))
     assert isinstance(await worker(store, WorkflowDefinition(waits_long, signals={"go": {"*"}})).run_once(), Suspended)
 
@@ -1140,6 +1149,23 @@ async def test_an_input_the_code_does_not_fit_diverges_unless_the_live_run_faile
 
     report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(waits_long_by_name)), "in2")
     assert report.divergence is not None and report.divergence.key == "(input)", report
+
+
+@workflow("two-counts")
+async def two_counts(ctx: WorkflowContext) -> int:
+    return await count("one") + await count("two")
+
+
+async def test_the_debugger_reports_why_the_engine_failed_a_run(store: Any) -> None:
+    """A run the engine failed where its replay stops (a step over the budget) is reported finished, with the
+    recorded reason; it was reported unfinished and without error, stopped at the refused step (review)."""
+    definition = WorkflowDefinition(two_counts, Budget(max_steps=1))
+    await store.enqueue(WorkflowTask("two-counts", 1, {}, checkpoint_id="ef1"))
+    failed = await worker(store, definition).run_once()
+    assert isinstance(failed, Failed) and failed.run_failed
+    report = await replay_run(store, WorkflowRegistry(definition), "ef1")
+    assert report.clean and report.finished and report.stopped_at is None, report
+    assert "steps would reach 2" in str(report.error), report
 
 
 async def test_the_debugger_reports_where_an_unfinished_run_waits(store: Any) -> None:

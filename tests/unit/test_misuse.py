@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -144,7 +145,11 @@ def test_a_call_without_await_is_reported_by_mypy(tmp_path: Any) -> None:
         "@workflow('forgot')\nasync def forgot(ctx: WorkflowContext) -> int:\n"
         "    reserve(1)\n    plain(2)\n    charge(3)\n    return await reserve(4) + await plain(5)\n"
     )
-    out, _, status = api.run([str(module), "--strict", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary"])
+    limit = sys.getrecursionlimit()
+    try:
+        out, _, status = api.run([str(module), "--strict", "--cache-dir", str(tmp_path / "cache"), "--no-error-summary"])
+    finally:
+        sys.setrecursionlimit(limit)  # mypy raises it for the process: a later test of deep values would not see 1,000
     lines = [line for line in out.splitlines() if "error:" in line]
     assert status == 1 and [line.split(":")[1] for line in lines] == ["13", "14", "15"], out
     assert all("must be used  [unused-coroutine]" in line for line in lines), out
@@ -270,6 +275,15 @@ def test_a_workflow_function_decorated_twice_is_refused_not_relabelled() -> None
         workflow("order", version=2)(order)
     assert WorkflowDefinition(first).spec.version == 1
 
+    import functools
+
+    @workflow("order", version=2)  # another function wrapping the first (functools.wraps copies its spec): allowed
+    @functools.wraps(order)
+    async def order_v2(ctx: WorkflowContext) -> int:
+        return 10 * await order(ctx)
+
+    assert (WorkflowDefinition(first).spec.version, WorkflowDefinition(order_v2).spec.version) == (1, 2)
+
 
 async def test_the_testing_kit_refuses_what_it_cannot_take_saying_what_it_takes() -> None:
     """A registry with definitions beside it dropped the definitions; a bare workflow function or a number for
@@ -297,6 +311,7 @@ async def test_the_testing_kit_refuses_what_it_cannot_take_saying_what_it_takes(
             await env.skip_time(by=timedelta(seconds=-1))
         assert env.clock() == before
         assert await env.skip_time(by=timedelta(hours=1)) and env.clock() == before + 3600
+        assert await env.skip_time(by=5) and env.clock() == before + 3605  # seconds, as FakeClock.advance takes
     clock = FakeClock(0)
     clock.advance(2.5)
     assert clock() == 2.5
