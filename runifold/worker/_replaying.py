@@ -16,12 +16,13 @@ import msgspec
 
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import (
+    BudgetExceededError,
     EffectFailedError,
     NondeterminismError,
     SerializationError,
     StepFailedError,
     WaitTimeoutError,
-    describe,
+    type_name,
 )
 from runifold.history import (
     NEVER_FIRES,
@@ -39,6 +40,7 @@ from runifold.history import (
     Replayer,
     RetryDue,
     RunCompleted,
+    RunFailed,
     SignalReceived,
     SignalTimedOut,
     SignalWaitStarted,
@@ -80,6 +82,7 @@ class Replaying:
     _divergence: NondeterminismError | None
     definition: WorkflowDefinition
     _recorded_result: list[RunCompleted]
+    _recorded_failure: RunFailed | None
 
     def _check_recoveries(self) -> None:
         raise NotImplementedError
@@ -175,6 +178,11 @@ class Replaying:
                 continue  # workflow code stopped waiting for it (cancelled): nothing to hand over
             if not self.replayer.made_before(call.key):
                 return False  # a branch has yet to make a call the live run made before this outcome came
+            if self._ended_by_budget(call):
+                # the live run handed this failure to nobody: the retry budget failed the run there
+                self._cursor += 1
+                self.report.steps.append((call.key, "failed: the retry budget ended the run"))
+                return True
             outcome = self._recorded_outcome(call)
             if outcome is None:
                 # the live run's code cancelled the call at this point (its own timeout, say): the outcomes
@@ -191,6 +199,13 @@ class Replaying:
         if self._live is not None:
             self._check_recoveries()
         return True
+
+    def _ended_by_budget(self, call: Call) -> bool:
+        """The call's last attempt failed and the retry budget refused another, failing the run (see
+        ``_failed_attempt``): workflow code was handed nothing. Read from the failed run's last event."""
+        failure = self._recorded_failure
+        return (failure is not None and failure.key == call.key and call.kind in (CallKind.STEP, CallKind.EFFECT)
+                and failure.error_type == type_name(BudgetExceededError))
 
     def _recorded_outcome(self, call: Call) -> tuple[Any, BaseException | None, float] | None:
         """What history says the call returned or raised, and when that happened (see :meth:`_resolve`); None
@@ -273,7 +288,7 @@ class Replaying:
                     "(result)", f"result {self._recorded_result[-1].output!r}", "a result that cannot be recorded",
                     str(exc))
             else:
-                self.report.error = describe(exc)  # the live run failed the same way: its result was refused
+                self.report.error = str(exc)  # the live run failed the same way, with this reason: its result was refused
             return
         self.report.result = replayed
         if not self._recorded_result:

@@ -18,7 +18,8 @@ from typing import Any
 import msgspec
 
 from runifold import Completed, Failed, Idle, RunStatus, Suspended, WorkflowRegistry
-from runifold.history import fold
+from runifold.errors import recordable
+from runifold.history import RunFailed, fold
 from runifold.stores import Continue
 from runifold.worker._debug import replay
 from tests.support import entries, send_signal, worker
@@ -48,7 +49,15 @@ async def replay_problems(store: Any, registry: WorkflowRegistry, ref: str, live
     definition = registry.definition_for(info.name, info.version)
     report = await replay(definition, info.run_id, await entries(store, info.run_id))
     if failed:
-        return [] if report.divergence is None else [f"{ref} ({info.name}, failed): replay diverges: {report.divergence}"]
+        if report.divergence is not None:
+            return [f"{ref} ({info.name}, failed): replay diverges: {report.divergence}"]
+        # the replay fails as the live run did: with the reason history records
+        recorded = next(e.event for e in reversed(await entries(store, info.run_id)) if isinstance(e.event, RunFailed))
+        replayed = None if report.error is None else recordable(report.error)
+        if not report.finished or recorded.reason not in (replayed, f"workflow raised {replayed}"):
+            return [f"{ref} ({info.name}, failed): live failed with {recorded.reason!r}; the replay "
+                    f"{'stopped at ' + str(report.stopped_at) if not report.finished else 'failed with ' + repr(replayed)}"]
+        return []
     problems = []
     pending = fold(await entries(store, info.run_id)).pending_effects
     if info.status is RunStatus.COMPLETED and pending:

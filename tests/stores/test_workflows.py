@@ -379,6 +379,12 @@ async def test_the_retry_budget_fails_the_run(store: Any) -> None:
     assert calls["always"] == 2
     checkpoint = fold(await entries(store, "r1"))
     assert checkpoint.usage.retries == 1 and checkpoint.usage.steps == 2
+    # the replay fails there too: it handed the last failure to the workflow, which returned 'caught'
+    from runifold import WorkflowRegistry
+    from runifold.worker import replay_run
+
+    report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(retry_budget, Budget(max_retries=1))), "r1")
+    assert report.finished and report.result is None and "retries would reach 2" in str(report.error), report
 
 
 @step(requires="payments")
