@@ -80,6 +80,7 @@ from runifold.history import (
     fold,
     record,
 )
+from runifold.history._replayer import scope_of
 from runifold.stores import (
     Continue,
     EventRow,
@@ -344,10 +345,13 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             self._divergence = exc
             return []
         root = self._root
-        if not events and self._recorded_result and root is not None and not root.done():
+        dropped = kind in (CallKind.STEP, CallKind.EFFECT, CallKind.CHILD) and scope_of(key) != ""
+        if not events and self._recorded_result and root is not None and not root.done() and not dropped:
             # invariant: a completed run recorded every call its workflow made before it returned (only tasks it
             # left running may call on after that, unrecorded), so code that makes a new call before returning
-            # no longer ends where the run ended
+            # no longer ends where the run ended. But for a step, effect or child start of a task the workflow
+            # left running: one that had not started when the workflow returned was dropped, unrecorded (and a
+            # new one the workflow awaits leaves it stuck, which is a divergence too)
             self._divergence = self.replayer.added(key, kind, "the run's completion, with no such call before it")
         return events
 
@@ -762,7 +766,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             task.cancel()
         # bounded: a task that swallows every cancellation is left behind
         loop.run_ready(limit=_TEARDOWN_TURNS * (1 + len(loop.tasks)))
-        if loop.close() and self._live is not None:
+        if loop.close(self.log) and self._live is not None:
             self._shed()
 
     def _shed(self) -> None:

@@ -1168,6 +1168,26 @@ async def test_the_debugger_reports_why_the_engine_failed_a_run(store: Any) -> N
     assert "steps would reach 2" in str(report.error), report
 
 
+@workflow("leaves-a-call-unstarted")
+async def leaves_a_call_unstarted(ctx: WorkflowContext) -> str:
+    await count("main")
+    asyncio.create_task(count("background"))  # a task the workflow leaves running: its step never starts
+    await asyncio.sleep(0)  # (the task makes its call before the workflow returns)
+    return "returned"
+
+
+async def test_a_step_a_left_task_called_but_never_started_does_not_fail_the_replay(store: Any) -> None:
+    """A call a task left running made before the workflow returned, and that never started, is dropped
+    unrecorded (concepts.md); the completed run's replay called it 'added' and diverged, so the check before a
+    deploy and assert_replays failed on fire-and-forget code (helper-66)."""
+    definition = WorkflowDefinition(leaves_a_call_unstarted)
+    await store.enqueue(WorkflowTask("leaves-a-call-unstarted", 1, {}, checkpoint_id="lt1"))
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "returned" and calls == Counter({"main": 1})
+    report = await replay_run(store, WorkflowRegistry(definition), "lt1")
+    assert report.clean and report.finished and report.result == "returned", report
+
+
 async def test_the_debugger_reports_where_an_unfinished_run_waits(store: Any) -> None:
     """Replaying a waiting run stops at its wait: not finished, no error, stopped at the wait's key."""
     from runifold.worker import replay_run
