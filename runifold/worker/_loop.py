@@ -40,7 +40,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from runifold._log import get_logger
+from runifold._log import Logger, get_logger
 
 from runifold.dsl._context import Binding, Scope, current, here
 
@@ -163,16 +163,16 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         ctx.run(current.set, binding)
         return self._task(coro, ctx, None)
 
-    def close(self) -> int:
-        """Stop: nothing more runs. A task still pending (it swallowed every cancellation) is left behind;
-        return how many were."""
+    def close(self, logger: Logger | None = None) -> int:
+        """Stop: nothing more runs. A task still pending (it swallowed every cancellation) is left behind, and
+        logged on ``logger`` (the run's: its lines name the run); return how many were."""
         self._timers.clear()
         self._ready.clear()
         self._closed = True
         left = len(self.tasks)
         for task in self.tasks:
             _STUCK.append(task.get_coro())
-            log.warning("workflow_task_left_behind", task=task.get_name(),
+            (logger or log).warning("workflow_task_left_behind", task=task.get_name(),
                         hint="workflow code caught the cancellation of the run's suspension or end every time")
         self.tasks.clear()
         return left

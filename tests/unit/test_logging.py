@@ -113,3 +113,35 @@ def test_loggers_live_under_runifold() -> None:
     with pytest.raises(ValueError):
         get_logger("worker")
     assert any(isinstance(h, logging.NullHandler) for h in logging.getLogger("runifold").handlers)
+
+
+async def test_a_task_left_behind_is_logged_with_its_run(unconfigured_structlog: None,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """workflow_task_left_behind exists to find code that leaks tasks, but its line named no run (helper-66):
+    it carries the run id, checkpoint id and worker id, as every line about a run does."""
+    import asyncio
+    from datetime import timedelta
+
+    from runifold import WorkflowContext, WorkflowDefinition, workflow
+    from runifold.testing import WorkflowEnvironment
+
+    @workflow("stubborn")
+    async def stubborn(ctx: WorkflowContext) -> str:
+        async def retries_for_ever() -> None:
+            while True:
+                try:
+                    await ctx.sleep(timedelta(hours=1))
+                    return
+                except BaseException:  # swallows the suspension's cancellation every time
+                    continue
+
+        asyncio.create_task(retries_for_ever())
+        return str(await ctx.wait_signal("go"))
+
+    with caplog.at_level(logging.WARNING, logger="runifold"):
+        async with WorkflowEnvironment(WorkflowDefinition(stubborn, signals={"go": {"*"}})) as env:
+            run = await env.start(stubborn, {}, checkpoint_id="stub-1")
+            await env.run_until_idle()
+    [left] = [r for r in caplog.records if getattr(r, "event", "") == "workflow_task_left_behind"]
+    assert left.fields["run_id"] == run.run_id and left.fields["checkpoint_id"] == "stub-1", left.fields  # type: ignore[attr-defined]
+    assert left.fields["worker_id"] == "test-worker"  # type: ignore[attr-defined]
