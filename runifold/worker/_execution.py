@@ -158,6 +158,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         # invariant: usage only grows; a recovery repeated whatever was in flight, so it counts as a step
         self.usage = Usage(usage.steps + recoveries, usage.effect_attempts, usage.retries, usage.cost_units)
         self._recorded_result = [e.event for e in entries if isinstance(e.event, RunCompleted)]
+        self._unstarted: list[tuple[str, CallKind]] = []  # calls of a completed run's left tasks (see _visit)
         # how the run failed, if it is failed (its last event); the debugger reports it
         last = entries[-1].event if entries else None
         self._recorded_failure = last if isinstance(last, RunFailed) else None
@@ -345,14 +346,16 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             self._divergence = exc
             return []
         root = self._root
-        dropped = kind in (CallKind.STEP, CallKind.EFFECT, CallKind.CHILD) and scope_of(key) != ""
-        if not events and self._recorded_result and root is not None and not root.done() and not dropped:
+        if not events and self._recorded_result and root is not None and not root.done():
             # invariant: a completed run recorded every call its workflow made before it returned (only tasks it
             # left running may call on after that, unrecorded), so code that makes a new call before returning
-            # no longer ends where the run ended. But for a step, effect or child start of a task the workflow
-            # left running: one that had not started when the workflow returned was dropped, unrecorded (and a
-            # new one the workflow awaits leaves it stuck, which is a divergence too)
-            self._divergence = self.replayer.added(key, kind, "the run's completion, with no such call before it")
+            # no longer ends where the run ended. But a step, effect or child start of another task, made in the
+            # pass of workflow code in which the workflow returned, never started live: it was dropped,
+            # unrecorded. So such a call is judged once that pass is over (see _drive)
+            if kind in (CallKind.STEP, CallKind.EFFECT, CallKind.CHILD) and scope_of(key) != "":
+                self._unstarted.append((key, kind))
+            else:
+                self._divergence = self.replayer.added(key, kind, "the run's completion, with no such call before it")
         return events
 
     def _here(self) -> None:
@@ -476,6 +479,11 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                         report.error = describe(root.exception())  # type: ignore[arg-type]
                     else:
                         self._check_result(root.result())
+                if self._recorded_result and not report.finished and report.divergence is None:
+                    # a completed run's code must come to its end again: stuck at a call its history does not
+                    # answer, the code gained a call where the live run went on
+                    report.divergence = NondeterminismError(
+                        str(report.stopped_at), "the run's completion", f"code that waits at {report.stopped_at}")
         finally:
             self._teardown()
         return report
@@ -521,6 +529,11 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                 # the driver: bodies, lease renewals, other runs and a stop request go on meanwhile
                 await asyncio.sleep(0)
             loop.run_ready()
+            if self._unstarted:
+                if not root.done() and self._divergence is None:  # the workflow did not return in that pass
+                    self._divergence = self.replayer.added(
+                        *self._unstarted[0], "the run's completion, with no such call before it")
+                self._unstarted.clear()
             if self._divergence is not None:
                 return await self._finish_diverged()
             if self._lost is not None:

@@ -1188,6 +1188,42 @@ async def test_a_step_a_left_task_called_but_never_started_does_not_fail_the_rep
     assert report.clean and report.finished and report.result == "returned", report
 
 
+@workflow("gathers-two")
+async def gathers_two(ctx: WorkflowContext) -> list[int]:
+    background = asyncio.create_task(count("fire"))  # left running; its step starts before the workflow returns
+    done = list(await asyncio.gather(count("a"), count("b")))
+    await background
+    return done
+
+
+async def test_a_completed_run_replayed_against_code_that_added_a_call_in_a_task_diverges(store: Any) -> None:
+    """Review of the fix above (helper-67): a call another task makes while the workflow still runs (a step
+    gather gained, an effect a left task gained) would have started live, so a completed run without it diverges;
+    the exemption is only for calls made in the pass in which the workflow returned."""
+    definition = WorkflowDefinition(gathers_two)
+    await store.enqueue(WorkflowTask("gathers-two", 1, {}, checkpoint_id="gt1"))
+    assert isinstance(await worker(store, definition).run_once(), Completed)
+
+    @workflow("gathers-two")
+    async def gathers_three(ctx: WorkflowContext) -> list[int]:
+        background = asyncio.create_task(count("fire"))
+        done = list(await asyncio.gather(count("a"), count("b"), count("c")))  # a step added to the gather
+        await background
+        return done
+
+    @workflow("gathers-two")
+    async def fires_twice(ctx: WorkflowContext) -> list[int]:
+        asyncio.create_task(count("fire again"))  # a new task, never awaited, made while the workflow runs on
+        background = asyncio.create_task(count("fire"))
+        done = list(await asyncio.gather(count("a"), count("b")))
+        await background
+        return done
+
+    for changed in (gathers_three, fires_twice):
+        report = await replay_run(store, WorkflowRegistry(WorkflowDefinition(changed)), "gt1")
+        assert report.divergence is not None, (changed.__name__, report)
+
+
 async def test_the_debugger_reports_where_an_unfinished_run_waits(store: Any) -> None:
     """Replaying a waiting run stops at its wait: not finished, no error, stopped at the wait's key."""
     from runifold.worker import replay_run
