@@ -461,29 +461,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             report = self.report
             report.divergence = self._divergence
             if report.divergence is None:
-                # invariant: read before the teardown, which cancels every task of the workflow
-                pending = [c.key for c in self._open if not c.future.done()]
-                report.stopped_at = pending[0] if pending else None
-                root = self._root
-                if self._failure is not None:
-                    # a charge the budget refused: the run fails there, whatever its code does after
-                    report.finished, report.stopped_at, report.error = True, None, self._failure[0]
-                elif self._recorded_failure is not None and not (root is not None and root.done()):
-                    # the engine failed the run where the replay stops (a budget, a wait nothing can end)
-                    report.finished, report.stopped_at, report.error = True, None, self._recorded_failure.reason
-                elif root is not None and root.done():
-                    report.finished = True
-                    if root.cancelled():
-                        report.error = "the workflow's task was cancelled"
-                    elif root.exception() is not None:
-                        report.error = describe(root.exception())  # type: ignore[arg-type]
-                    else:
-                        self._check_result(root.result())
-                if self._recorded_result and not report.finished and report.divergence is None:
-                    # a completed run's code must come to its end again: stuck at a call its history does not
-                    # answer, the code gained a call where the live run went on
-                    report.divergence = NondeterminismError(
-                        str(report.stopped_at), "the run's completion", f"code that waits at {report.stopped_at}")
+                self._report_end()  # invariant: read before the teardown, which cancels every task of the workflow
         finally:
             self._teardown()
         return report

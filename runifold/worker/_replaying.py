@@ -22,6 +22,7 @@ from runifold.errors import (
     SerializationError,
     StepFailedError,
     WaitTimeoutError,
+    describe,
     type_name,
 )
 from runifold.history import (
@@ -83,6 +84,7 @@ class Replaying:
     definition: WorkflowDefinition
     _recorded_result: list[RunCompleted]
     _recorded_failure: RunFailed | None
+    _failure: tuple[str, BaseException | None, str] | None
 
     def _check_recoveries(self) -> None:
         raise NotImplementedError
@@ -276,6 +278,32 @@ class Replaying:
     def _result_what(self) -> str:
         """What an error about the workflow's result names (as ``step x#1`` for a step's)."""
         return f"workflow {self.definition.spec.name!r}"
+
+    def _report_end(self) -> None:
+        """Debugger: where a replay that did not diverge ended, and how (the report's ``finished``, ``error``,
+        ``result`` and ``stopped_at``)."""
+        report, root = self.report, self._root
+        pending = [c.key for c in self._open if not c.future.done()]
+        report.stopped_at = pending[0] if pending else None
+        if self._failure is not None:
+            # a charge the budget refused: the run fails there, whatever its code does after
+            report.finished, report.stopped_at, report.error = True, None, self._failure[0]
+        elif self._recorded_failure is not None and not (root is not None and root.done()):
+            # the engine failed the run where the replay stops (a budget, a wait nothing can end)
+            report.finished, report.stopped_at, report.error = True, None, self._recorded_failure.reason
+        elif root is not None and root.done():
+            report.finished = True
+            if root.cancelled():
+                report.error = "the workflow's task was cancelled"
+            elif root.exception() is not None:
+                report.error = describe(root.exception())  # type: ignore[arg-type]
+            else:
+                self._check_result(root.result())
+        if self._recorded_result and not report.finished and report.divergence is None:
+            # a completed run's code must come to its end again: stuck at a call its history does not answer,
+            # the code gained a call where the live run went on
+            report.divergence = NondeterminismError(
+                str(report.stopped_at), "the run's completion", f"code that waits at {report.stopped_at}")
 
     def _check_result(self, output: Any) -> None:
         """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""
