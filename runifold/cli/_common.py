@@ -53,10 +53,21 @@ def exit_on_stop_signals() -> None:
     by a thread of the app's included); after that, when Python's exit no longer runs handlers and has no more
     threads to wait for, it is ignored."""
     loop = asyncio.get_running_loop()
+    # asyncio's remove_signal_handler puts the default action back before ours could be set, and a signal in
+    # between killed the process (status -15): so ours replaces asyncio's handler directly, and the loop forgets
+    # its own (the unix loop's table), so that closing it leaves ours in place
+    handlers = getattr(loop, "_signal_handlers", None)
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.remove_signal_handler(sig)  # (else closing the loop puts the default action back)
-            signal.signal(sig, _exit_now)
+            if isinstance(handlers, dict) and sig in handlers:
+                signal.signal(sig, _exit_now)
+                del handlers[sig]
+            else:
+                loop.remove_signal_handler(sig)  # (else closing the loop puts the default action back)
+                signal.signal(sig, _exit_now)
+    if isinstance(handlers, dict) and not handlers:
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)  # (as asyncio does once it handles no signal)
     atexit.register(_ignore_stop_signals)  # (atexit runs once the threads are joined)
 
 
