@@ -31,11 +31,12 @@ class FakeClock:
     def __call__(self) -> float:
         return self._now
 
-    def advance(self, by: timedelta | float) -> None:
-        """Move the clock forward by ``by`` (a timedelta, or seconds): a store's clock never goes back."""
+    def advance(self, by: timedelta | float, *, what: str = "advance()") -> None:
+        """Move the clock forward by ``by`` (a timedelta, or seconds): a store's clock never goes back.
+        ``what`` names the call in the error."""
         seconds = by.total_seconds() if isinstance(by, timedelta) else by
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds >= 0 \
                 or not math.isfinite(seconds):
-            raise ConfigurationError(f"the clock only moves forward: advance() takes a timedelta or seconds >= 0, "
+            raise ConfigurationError(f"the clock only moves forward: {what} takes a timedelta or seconds >= 0, "
                                      f"got {by!r}")
         self._now += seconds
