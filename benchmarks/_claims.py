@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import asyncpg  # type: ignore[import-untyped]  # noqa: F401  (the PostgreSQL rows use it)
+import asyncpg  # type: ignore[import-untyped]
 
 Row = tuple[str, str, str]
 NAME = "claimbench"
@@ -36,8 +36,6 @@ async def _fresh(kind: str, folder: Path) -> Any:
 
     if kind == "sqlite":
         return await open_store(f"sqlite:///{folder / f'claims-{time.monotonic_ns()}.db'}")
-    import asyncpg
-
     url = os.environ["RUNIFOLD_TEST_POSTGRES"]
     conn = await asyncpg.connect(url)
     if await conn.fetchval("SELECT to_regclass('runifold_runs') IS NOT NULL"):

@@ -166,6 +166,42 @@ async def _in_process(kind: str, folder: Path, runs: int, slots: int) -> tuple[f
                                  f"{runs / elapsed:,.0f} runs/s, {steps:,.0f} steps/s", detail)
 
 
+async def neighbour(kind: str, limits: Limits, folder: Path, scale: float) -> list[Row]:
+    """One run of sequential steps under a Supervisor, alone and beside a run that polls with sleep(0)."""
+    n = max(50, int(200 * scale))
+    alone = await _beside(kind, folder, n, polling=False)
+    beside = await _beside(kind, folder, n, polling=True)
+    return [(f"busy neighbour: 1 run of {n} steps beside a run polling with sleep(0), 1 process",
+             f"{beside:,.0f} steps/s (alone: {alone:,.0f} steps/s)", f"{beside / alone:.0%} of its rate alone")]
+
+
+async def _beside(kind: str, folder: Path, n: int, polling: bool) -> float:
+    store, _ = await fresh_store(kind, folder)
+    try:
+        supervisor = Supervisor(make_worker(store), 4, idle_wait=timedelta(seconds=0.05))
+        task = asyncio.create_task(supervisor.run(handle_signals=False))
+        name = f"release-{time.monotonic_ns()}"
+        if polling:
+            poller = await store.enqueue(WorkflowTask("poller", 1, {"name": name}))
+            await until(lambda: asyncio.sleep(0, supervisor.outcomes.get("Idle", 0) > 0), every=0.01)
+        started = time.perf_counter()
+        run = await store.enqueue(WorkflowTask("seq", 1, {"n": n}))
+        await until(lambda: _finished(store, run.run_id), every=0.002)
+        elapsed = time.perf_counter() - started
+        bench_app.marks[name] = time.time()
+        if polling:
+            await until(lambda: _finished(store, poller.run_id), every=0.01)
+        supervisor.stop()
+        await task
+    finally:
+        await store.close()
+    return n / elapsed
+
+
+async def _finished(store: Any, run_id: str) -> bool:
+    return bool((await store.get_run(run_id)).status.finished)
+
+
 def _machine_bound(steps: int, elapsed: float, busy: float, cpu: float, limits: Limits) -> str:
     """Machine-wide CPU per step against a raw commit's, and the steps/s that all cores busy would allow."""
     cores = os.cpu_count() or 1
@@ -496,8 +532,8 @@ async def _claim_plan(kind: str, url: str) -> tuple[int, str]:
     return int(top["Shared Hit Blocks"] + top["Shared Read Blocks"]), text
 
 
-BENCHMARKS = {"sequential": sequential, "concurrent": concurrent, "recovery": recovery, "wake": wake_latency,
-              "idle": idle_cost, "claims": _claims.claims}
+BENCHMARKS = {"sequential": sequential, "concurrent": concurrent, "neighbour": neighbour, "recovery": recovery,
+              "wake": wake_latency, "idle": idle_cost, "claims": _claims.claims}
 
 
 async def run_all(kind: str, limits: Limits, scale: float, only: list[str] | None = None) -> list[Row]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from datetime import timedelta
@@ -34,6 +35,26 @@ async def block_then_mark(name: str) -> str:
     while gate.exists():
         time.sleep(0.01)
     return name
+
+
+@step()
+async def hold(name: str) -> str:
+    """Wait until the benchmark sets ``marks[name]``."""
+    while name not in marks:
+        await asyncio.sleep(0.005)
+    return name
+
+
+@workflow("poller")
+async def poller(ctx: WorkflowContext, name: str) -> int:
+    """Poll with ``asyncio.sleep(0)`` until a step is done, the way the docs advise against."""
+    task = asyncio.create_task(hold(name))
+    polls = 0
+    while not task.done():
+        await asyncio.sleep(0)
+        polls += 1
+    await task
+    return polls
 
 
 @workflow("seq")
@@ -72,4 +93,5 @@ async def sleeper(ctx: WorkflowContext, name: str, seconds: float) -> Any:
 registry = WorkflowRegistry(
     WorkflowDefinition(seq), WorkflowDefinition(five), WorkflowDefinition(recover),
     WorkflowDefinition(waiter, signals={"go": {"*"}}), WorkflowDefinition(sleeper),
+    WorkflowDefinition(poller),
 )

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import require_postgres
 
 ROOT = Path(__file__).resolve().parents[1]
-ROWS = ["sequential: 1 run of", "concurrent: 100 runs x 5 steps", "recovery: run killed after",
+ROWS = ["sequential: 1 run of", "concurrent: 100 runs x 5 steps", "busy neighbour: 1 run of 50 steps", "recovery: run killed after",
         "wake latency:", "timer lateness:", "idle cost:", "claim cost:", "claims: 100 due runs without a key",
         "claims: 100 due runs with a key"]
 

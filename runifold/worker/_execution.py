@@ -501,10 +501,15 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         passes = 0
         while True:
             passes += 1
-            if passes % _YIELD_EVERY == 0 or loop.busy:
-                # invariant: the driver lets the worker's loop run at least every _YIELD_EVERY passes, and after
-                # each pass that workflow code left still running (polling with sleep(0)), however busy it keeps
-                # the driver: bodies, lease renewals, other runs and a stop request go on meanwhile
+            if loop.busy:
+                # invariant: after each pass that workflow code left still running (polling with sleep(0)), the
+                # worker's process idles for _BUSY_PAUSE: its other runs, bodies, lease renewals, a stop request
+                # and the threads a store or a plain def body runs in go on meanwhile. Yielding to the loop alone
+                # is not enough: a thread needs the GIL, which a process that never idles hands over only every
+                # few milliseconds, once per statement of a SQLite read, say (seconds for one history)
+                await asyncio.sleep(_BUSY_PAUSE)
+            elif passes % _YIELD_EVERY == 0:
+                # (and it lets the worker's loop run at least every _YIELD_EVERY passes)
                 await asyncio.sleep(0)
             loop.run_ready()
             if self._unstarted:
@@ -774,6 +779,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 _TEARDOWN_TURNS = 100
 #: the driver lets the worker's loop run at least every this many passes
 _YIELD_EVERY = 64
+#: how long the process idles after a pass of workflow code that never went idle (see _drive)
+_BUSY_PAUSE = 0.001
 #: buffered events (fired timers, values drawn, ...) committed once this many wait, with no outcome to go with
 _BUFFER_LIMIT = 1000
 
