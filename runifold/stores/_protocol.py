@@ -455,20 +455,23 @@ class WorkflowStore(Protocol):
     async def list_runs(
         self,
         *,
-        status: RunStatus | None = None,
+        status: RunStatus | Collection[RunStatus] | None = None,
         name: str | None = None,
         version: int | None = None,
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
-        """List runs, newest first; ``after`` (a run id) returns the runs strictly older than it."""
+        """List runs, newest first; ``after`` (a run id) returns the runs strictly older than it. ``status`` is one
+        status or several (the runs in any of them: ``UNFINISHED``, say); the store filters, so a listing of a few
+        unfinished runs among millions of finished ones reads only those (see :func:`listed_statuses`)."""
         ...
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None, holding_slot: bool = False,
+        self, *, status: RunStatus | Collection[RunStatus] | None = None, name: str | None = None,
+        version: int | None = None, concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
-        """Count runs (of a concurrency key too: how many of its runs are running, say).
+        """Count runs (of a concurrency key too: how many of its runs are running, say); ``status`` as in
+        :meth:`list_runs`.
 
         ``holding_slot`` counts only runs that hold a slot of their concurrency key: running under a
         lease that has not expired on the store's clock (a run whose worker died holds none).
@@ -578,17 +581,12 @@ MAX_INT = MAX_VERSION
 _NO_LIMIT: Any = object()
 
 
-def check_listing(*, status: RunStatus | None = None, name: str | None = None, after: str | None = None,
-                  limit: int = _NO_LIMIT, version: int | None = None, concurrency_key: str | None = None,
-                  holding_slot: bool = False) -> int:
+def check_listing(*, status: RunStatus | Collection[RunStatus] | None = None, name: str | None = None,
+                  after: str | None = None, limit: int = _NO_LIMIT, version: int | None = None,
+                  concurrency_key: str | None = None, holding_slot: bool = False) -> int:
     """Refuse filters of ``list_runs`` and ``count_runs`` that no store could answer the same way; return the
     limit a store is given (``list_runs``'s: one above :data:`MAX_INT` is all runs, as it is; 0 when none)."""
-    if status is not None:
-        try:
-            RunStatus(status)
-        except ValueError:
-            raise InvalidInputError(f"status must be one of {', '.join(s.value for s in RunStatus)}, "
-                                    f"got {status!r}") from None
+    listed_statuses(status)
     for value, what in ((name, "the workflow name"), (after, "the run id to list after"),
                         (concurrency_key, "the concurrency key")):
         if value is not None:
@@ -602,6 +600,23 @@ def check_listing(*, status: RunStatus | None = None, name: str | None = None, a
     if not _whole(limit) or limit < 0:
         raise InvalidInputError(f"limit must be a whole number from 0, got {limit!r}")
     return min(limit, MAX_INT)
+
+
+def listed_statuses(status: RunStatus | Collection[RunStatus] | None) -> list[str] | None:
+    """The statuses a ``status`` filter of ``list_runs`` or ``count_runs`` lets through, as a store's query takes
+    them (None: every status; an empty collection: none)."""
+    if status is None:
+        return None
+    many = not isinstance(status, str) and isinstance(status, Collection)
+    listed = []
+    every: Collection[Any] = status if many else [status]
+    for one in every:
+        try:
+            listed.append(RunStatus(one).value)
+        except ValueError:
+            raise InvalidInputError(f"status must be one of {', '.join(s.value for s in RunStatus)}"
+                                    f"{' (or a collection of them)' if many else ''}, got {one!r}") from None
+    return sorted(set(listed))
 
 
 def check_purge(before: float, limit: int) -> tuple[float, int]:

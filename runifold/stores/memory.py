@@ -41,6 +41,7 @@ from runifold.stores._protocol import (
     WorkflowTask,
     clean_audit,
     check_listing,
+    listed_statuses,
     check_purge,
     clean_text,
     new_run_id,
@@ -355,17 +356,19 @@ class MemoryWorkflowStore:
     async def get_run(self, run_ref: str) -> RunInfo:
         return self._find(run_ref).info()
 
-    def _matching(self, status: RunStatus | None, name: str | None, version: int | None) -> list[_Run]:
+    def _matching(self, status: RunStatus | Collection[RunStatus] | None, name: str | None,
+                  version: int | None) -> list[_Run]:
+        statuses = listed_statuses(status)
         return [
             r for r in self._runs.values()
-            if (status is None or r.status == status) and (name is None or r.name == name)
+            if (statuses is None or r.status.value in statuses) and (name is None or r.name == name)
             and (version is None or r.version == version)
         ]
 
     async def list_runs(
         self,
         *,
-        status: RunStatus | None = None,
+        status: RunStatus | Collection[RunStatus] | None = None,
         name: str | None = None,
         version: int | None = None,
         limit: int = 100,
@@ -377,8 +380,8 @@ class MemoryWorkflowStore:
         return runs[:limit]
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None, holding_slot: bool = False,
+        self, *, status: RunStatus | Collection[RunStatus] | None = None, name: str | None = None,
+        version: int | None = None, concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
         check_listing(status=status, name=name, version=version, concurrency_key=concurrency_key,
                       holding_slot=holding_slot)

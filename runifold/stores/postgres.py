@@ -62,6 +62,7 @@ from runifold.stores._protocol import (
     WorkflowTask,
     clean_audit,
     check_listing,
+    listed_statuses,
     check_purge,
     clean_text,
     new_run_id,
@@ -454,7 +455,7 @@ class PostgresWorkflowStore:
     async def list_runs(
         self,
         *,
-        status: RunStatus | None = None,
+        status: RunStatus | Collection[RunStatus] | None = None,
         name: str | None = None,
         version: int | None = None,
         limit: int = 100,
@@ -462,17 +463,17 @@ class PostgresWorkflowStore:
     ) -> list[RunInfo]:
         limit = check_listing(status=status, name=name, after=after, limit=limit, version=version)
         rows = await self._call(lambda conn: conn.fetch(
-            Q["list_runs"], None if status is None else str(status), name, version, after, limit))
+            Q["list_runs"], listed_statuses(status), name, version, after, limit))
         return [_run_info(r) for r in rows]
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None, holding_slot: bool = False,
+        self, *, status: RunStatus | Collection[RunStatus] | None = None, name: str | None = None,
+        version: int | None = None, concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
         check_listing(status=status, name=name, version=version, concurrency_key=concurrency_key,
                       holding_slot=holding_slot)
         return int(await self._call(lambda conn: conn.fetchval(
-            Q["count_runs"], None if status is None else str(status), name, version, concurrency_key, holding_slot)))
+            Q["count_runs"], listed_statuses(status), name, version, concurrency_key, holding_slot)))
 
     async def history(self, run_ref: str) -> list[StoredEvent]:
         rows = await self._call(lambda conn: conn.fetch(HISTORY[ref_column(run_ref)], run_ref))

@@ -63,6 +63,7 @@ from runifold.stores._protocol import (
     WorkflowTask,
     clean_audit,
     check_listing,
+    listed_statuses,
     check_purge,
     clean_text,
     new_run_id,
@@ -83,6 +84,10 @@ TASK_OF = by_ref(Q["task_of"])
 SCHEMA_VERSION = migrations("sqlite")[-1][0]
 _BUSY = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_BUSY_SNAPSHOT", "SQLITE_BUSY_RECOVERY", "SQLITE_LOCKED_SHAREDCACHE"}
 _json = msgspec.json.encode
+
+
+def _json_list(values: list[str] | None) -> str | None:
+    return None if values is None else _json(values).decode()
 #: a run committing alone, directly, lets the event loop run other tasks at least this often (see _write)
 DIRECT_WRITES_PER_YIELD = 8
 
@@ -569,24 +574,24 @@ class SqliteWorkflowStore:
     async def list_runs(
         self,
         *,
-        status: RunStatus | None = None,
+        status: RunStatus | Collection[RunStatus] | None = None,
         name: str | None = None,
         version: int | None = None,
         limit: int = 100,
         after: str | None = None,
     ) -> list[RunInfo]:
         limit = check_listing(status=status, name=name, after=after, limit=limit, version=version)
-        params = (None if status is None else str(status), name, version, after, limit)
+        params = (_json_list(listed_statuses(status)), name, version, after, limit)
         rows = await self._read(lambda c: c.execute(Q["list_runs"], numbered(params)).fetchall())
         return [_run_info(r) for r in rows]
 
     async def count_runs(
-        self, *, status: RunStatus | None = None, name: str | None = None, version: int | None = None,
-        concurrency_key: str | None = None, holding_slot: bool = False,
+        self, *, status: RunStatus | Collection[RunStatus] | None = None, name: str | None = None,
+        version: int | None = None, concurrency_key: str | None = None, holding_slot: bool = False,
     ) -> int:
         check_listing(status=status, name=name, version=version, concurrency_key=concurrency_key,
                       holding_slot=holding_slot)
-        params = (None if status is None else str(status), name, version, concurrency_key,
+        params = (_json_list(listed_statuses(status)), name, version, concurrency_key,
                   self._clock() if holding_slot else None)
         return int((await self._read(lambda c: c.execute(Q["count_runs"], numbered(params)).fetchone()))[0])
 

@@ -357,6 +357,31 @@ class StoreConformance(ScheduleAndLimitConformance):
         assert len(await store.list_runs(status=RunStatus.READY)) == 3
         assert await store.list_runs(status=RunStatus.COMPLETED) == []
 
+    async def test_list_runs_and_count_runs_take_several_statuses(self, store: Any) -> None:
+        """``status`` may be a collection: the runs in any of its statuses (none for an empty one), newest first,
+        paged by ``after`` as with one status; a bad status in it is refused like a single one."""
+        lease = await self._claimed(store, "done")
+        await store.commit(lease, 1, [], Finish(RunStatus.COMPLETED))
+        ids = sorted([(await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id=ref))).run_id
+                      for ref in ("r1", "r2", "r3")], reverse=True)
+        running = await store.claim("w1", {"wf"}, LEASE)
+        assert running is not None
+        unfinished = [RunStatus.READY, RunStatus.RUNNING, RunStatus.WAITING]
+        listed = await store.list_runs(status=unfinished)
+        assert [r.run_id for r in listed] == ids
+        assert sorted(r.status for r in listed) == sorted([RunStatus.READY, RunStatus.READY, RunStatus.RUNNING])
+        assert [r.run_id for r in await store.list_runs(status=unfinished, limit=2, after=ids[0])] == ids[1:]
+        assert [r.checkpoint_id for r in await store.list_runs(status=frozenset({RunStatus.COMPLETED}))] == ["done"]
+        assert await store.list_runs(status=()) == []
+        assert await store.count_runs(status=unfinished) == 3
+        assert await store.count_runs(status=(RunStatus.COMPLETED, RunStatus.READY)) == 3
+        assert await store.count_runs(status=[]) == 0
+        for bad in ([RunStatus.READY, "nope"], ["ready", None]):
+            with pytest.raises(InvalidInputError, match="status must be one of"):
+                await store.list_runs(status=bad)
+            with pytest.raises(InvalidInputError, match="status must be one of"):
+                await store.count_runs(status=bad)
+
     async def test_purge_deletes_only_finished_runs(self, store: Any) -> None:
         """A finished run can be purged with its history; an unfinished one cannot."""
         lease = await self._claimed(store)

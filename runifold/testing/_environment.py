@@ -179,15 +179,15 @@ class WorkflowEnvironment:
         """Replay every finished run (completed, failed or cancelled) against its code; raise AssertionError naming
         each that diverges."""
         problems = []
-        for status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
-            for info in await self.store.list_runs(status=status, limit=1_000_000):
-                definition = self.registry.get(info.name, info.version)
-                if definition is None:
-                    continue
-                history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]
-                report = await replay(definition, info.run_id, history)
-                if report.divergence is not None:
-                    problems.append(f"{info.checkpoint_id or info.run_id}: {report.divergence}")
+        finished = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+        for info in await self.store.list_runs(status=finished, limit=1_000_000):
+            definition = self.registry.get(info.name, info.version)
+            if definition is None:
+                continue
+            history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]
+            report = await replay(definition, info.run_id, history)
+            if report.divergence is not None:
+                problems.append(f"{info.checkpoint_id or info.run_id}: {report.divergence}")
         if problems:
             raise AssertionError("runs that do not replay against their code:\n" + "\n".join(problems))
 
@@ -202,7 +202,7 @@ class WorkflowEnvironment:
                     "registry (a child workflow's too)")
 
     async def _unfinished(self) -> list[RunInfo]:
-        return [r for s in UNFINISHED for r in await self.store.list_runs(status=s, limit=1_000_000)]
+        return await self.store.list_runs(status=UNFINISHED, limit=1_000_000)
 
     async def _waits_for_signal(self, info: RunInfo) -> bool:
         history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]

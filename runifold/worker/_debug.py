@@ -17,7 +17,7 @@ from runifold.dsl import WorkflowDefinition
 from runifold.errors import InvalidStateError, NondeterminismError
 from runifold.history import Entry, decode_event
 from runifold.stores import UNFINISHED, RunInfo, RunStatus, WorkflowStore
-from runifold.stores._protocol import check_listing
+from runifold.stores._protocol import check_listing, listed_statuses
 from runifold.worker._call import ReplayReport
 from runifold.worker._execution import Execution
 from runifold.worker._registry import WorkflowRegistry
@@ -83,18 +83,17 @@ async def check_compatibility(
     (``{RunStatus.COMPLETED}``: do finished runs replay exactly against this code?),
     at most ``limit`` runs.
 
-    Workers may run meanwhile: the store's runs are read once, a page at a time in run-id order, and those of
-    ``statuses`` kept, so a run that changes status while the check reads is checked once (listing status by
+    Workers may run meanwhile: the store's runs of ``statuses`` are read once, a page at a time in run-id order
+    (the store filters: finished runs are not read for the default statuses), so a run that changes status while the check reads is checked once (listing status by
     status missed a run that moved to a status already listed, and counted twice one that moved ahead).
     """
-    limit = check_listing(name=name, limit=limit)
-    for status in statuses:
-        check_listing(status=status)
-    wanted = frozenset(RunStatus(s) for s in statuses)
+    limit = check_listing(name=name, limit=limit, status=statuses)
+    wanted = frozenset(RunStatus(s) for s in listed_statuses(statuses) or ())
     chosen: list[RunInfo] = []
     after = None
     while len(chosen) < limit:
-        page = await store.list_runs(name=name, limit=_PAGE, after=after)
+        # (the store filters by status, so the pages hold only runs of ``statuses``: finished runs are not read)
+        page = await store.list_runs(status=wanted, name=name, limit=_PAGE, after=after)
         chosen.extend(info for info in page if info.status in wanted)
         if len(page) < _PAGE:
             break

@@ -1122,6 +1122,36 @@ async def test_replay_all_checks_each_run_once_while_runs_change_status(store: A
     assert all(r.clean for r in reports)
 
 
+async def test_replay_all_reads_only_the_runs_it_checks(store: Any) -> None:
+    """The check before a deploy asks the store for the statuses it checks: finished runs, however many the store
+    keeps, are not read (it read every run of the store, a page at a time, and kept the unfinished ones)."""
+    definition = WorkflowDefinition(waits_long, signals={"go": {"*"}})
+    for i in range(3):
+        await store.enqueue(WorkflowTask("waits-long", 1, {"days": 1}, checkpoint_id=f"f{i}"))
+        assert isinstance(await worker(store, definition).run_once(), Suspended)
+        await send_signal(store, f"f{i}", "go", f"s{i}", "now")
+        assert isinstance(await worker(store, definition).run_once(), Completed)
+    await store.enqueue(WorkflowTask("waits-long", 1, {"days": 1}, checkpoint_id="open"))
+    read: list[RunStatus] = []
+
+    class Counting:
+        async def list_runs(self, **kwargs: Any) -> Any:
+            page = await store.list_runs(**kwargs)
+            read.extend(info.status for info in page)
+            return page
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(store, name)
+
+    reports = await check_compatibility(Counting(), WorkflowRegistry(definition))  # type: ignore[arg-type]
+    assert [r.run_id for r in reports] == [(await store.get_run("open")).run_id] and reports[0].clean
+    assert read == [RunStatus.READY]
+    read.clear()
+    finished = await check_compatibility(Counting(), WorkflowRegistry(definition),  # type: ignore[arg-type]
+                                         statuses={RunStatus.COMPLETED})
+    assert len(finished) == 3 and all(r.clean for r in finished) and read == [RunStatus.COMPLETED] * 3
+
+
 @workflow("takes-days")
 async def takes_days(ctx: WorkflowContext, days: str) -> str:
     return days

@@ -141,13 +141,13 @@ WHERE r.{ref} = $1 ORDER BY e.seq
 SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
        created_at, updated_at, reason, recoveries, concurrency_key, concurrency_limit
 FROM runifold_runs
-WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR name = $2) AND ($3::integer IS NULL OR version = $3)
+WHERE ($1::text[] IS NULL OR status = ANY ($1)) AND ($2::text IS NULL OR name = $2) AND ($3::integer IS NULL OR version = $3)
   AND ($4::text IS NULL OR run_id < $4)
 ORDER BY run_id DESC LIMIT $5
 
 -- name: count_runs
 SELECT count(*) FROM runifold_runs
-WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR name = $2) AND ($3::integer IS NULL OR version = $3)
+WHERE ($1::text[] IS NULL OR status = ANY ($1)) AND ($2::text IS NULL OR name = $2) AND ($3::integer IS NULL OR version = $3)
   AND ($4::text IS NULL OR concurrency_key = $4)
   AND (NOT $5::boolean OR (status = 'running' AND lease_until > runifold_now()))
 

@@ -144,12 +144,12 @@ SELECT min(due_at) FROM runs WHERE due_at > ?
 SELECT run_id, checkpoint_id, name, version, status, revision, due_at, lease_owner, lease_token, lease_until,
        created_at, updated_at, reason, recoveries, wait_signals, concurrency_key, concurrency_limit
 FROM runs
-WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
-  AND (?4 IS NULL OR run_id < ?4)
+WHERE (?1 IS NULL OR status IN (SELECT value FROM json_each(?1))) AND (?2 IS NULL OR name = ?2)
+  AND (?3 IS NULL OR version = ?3) AND (?4 IS NULL OR run_id < ?4)
 ORDER BY run_id DESC LIMIT ?5
 
 -- name: count_runs
-SELECT count(*) FROM runs WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
+SELECT count(*) FROM runs WHERE (?1 IS NULL OR status IN (SELECT value FROM json_each(?1))) AND (?2 IS NULL OR name = ?2) AND (?3 IS NULL OR version = ?3)
   AND (?4 IS NULL OR concurrency_key = ?4) AND (?5 IS NULL OR (status = 'running' AND lease_until > ?5))
 
 -- name: parent_of
