@@ -231,6 +231,14 @@ class BudgetExceededError(RunFailure):
                        else f"reached {used:g}, all the budget allows, and the run needed more")
         super().__init__(f"budget exceeded: {limit} {reached}; raise the Budget of this definition or split the work")
 
+    @staticmethod
+    def limit_in(reason: str) -> str | None:
+        """The limit a failed run's recorded reason names (``"retries"``, ...), or None if it is no budget's."""
+        for limit in ("steps", "effect attempts", "retries", "recoveries", "cost units", "elapsed seconds"):
+            if reason.startswith(f"budget exceeded: {limit} "):
+                return limit
+        return None
+
     @classmethod
     def elapsed(cls, used: float, allowed: float) -> BudgetExceededError:
         """The run's elapsed budget ran out (time is not spent by a call: it runs out)."""

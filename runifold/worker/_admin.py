@@ -172,8 +172,13 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
                                    f"retried by {by}: {reason}")
     log.info("run_retried", run_ref=run_ref, key=last.key, by=by)
     if last.error_type == _BUDGET_EXCEEDED:
-        # usage only grows: retried as it is, the run fails again at once (helper-40)
-        log.warning("run_retried_over_budget", run_ref=run_ref, reason=last.reason,
-                    hint="it fails again at once unless the definition your workers register for its version allows "
-                         "more: raise the budget and restart the workers")
+        # usage only grows: retried as it is, the run fails again at once (helper-40), except on its retry budget:
+        # an operator's retry is not one of the automatic retries max_retries counts, so the call gets its attempt
+        more = "raise the budget and restart the workers"
+        if BudgetExceededError.limit_in(last.reason) == "retries":
+            hint = (f"{last.key} gets one more attempt; if it fails, the run fails again on its retry budget unless "
+                    f"the definition your workers register for its version allows more retries: {more}")
+        else:
+            hint = f"it fails again at once unless the definition your workers register for its version allows more: {more}"
+        log.warning("run_retried_over_budget", run_ref=run_ref, reason=last.reason, hint=hint)
     return result

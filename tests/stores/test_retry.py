@@ -204,5 +204,45 @@ async def test_retrying_a_run_failed_on_its_budget_warns_that_it_fails_again(
         await retry_run(store, "b1", by="ops", reason="more budget")
     warned = [r for r in caplog.records if r.name == "runifold.admin" and r.levelname == "WARNING"]
     assert [r.event for r in warned] == ["run_retried_over_budget"]  # type: ignore[attr-defined]
+    assert "it fails again at once unless" in warned[0].hint  # type: ignore[attr-defined]
+    again = await worker(store, tight).run_once()
+    assert isinstance(again, Failed) and "steps would reach" in again.reason
+    await retry_run(store, "b1", by="ops", reason="more budget")
     done = await until_completed(store, WorkflowDefinition(spender, Budget(max_steps=10)))
     assert done.output == "spent"
+
+
+@step(retry=RetryPolicy(max_attempts=5, initial=NO_WAIT))
+async def book_train(trip: str) -> str:
+    ran.append("book_train")
+    if broken["flight"]:
+        raise ConnectionError("the railway is down")
+    return f"train for {trip}"
+
+
+@workflow("train_trip")
+async def train_trip(ctx: WorkflowContext, trip: str) -> str:
+    return await book_train(trip)
+
+
+async def test_a_run_failed_on_its_retry_budget_gets_one_more_attempt_when_retried(
+        store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An operator's retry is not one of the automatic retries ``max_retries`` counts: a run failed on its retry
+    budget, retried as it is, gives the call one more attempt, and fails on the budget again only if that attempt
+    fails. The warning says so (helper-67: it said the run fails again at once, and the run completed)."""
+    tight = WorkflowDefinition(train_trip, Budget(max_retries=1))
+    failed = await _fail(store, tight, "r1")
+    assert "retries would reach 2" in failed.reason and ran == ["book_train"] * 2
+    with caplog.at_level("WARNING", logger="runifold.admin"):
+        await retry_run(store, "r1", by="ops", reason="one more try")
+    warned = [r for r in caplog.records if r.name == "runifold.admin" and r.levelname == "WARNING"]
+    assert [r.event for r in warned] == ["run_retried_over_budget"]  # type: ignore[attr-defined]
+    assert "book_train#1 gets one more attempt; if it fails, the run fails again" in warned[0].hint  # type: ignore[attr-defined]
+    again = await worker(store, tight).run_once()  # still down: the one attempt fails, and the budget ends the run
+    assert isinstance(again, Failed) and "retries would reach 2" in again.reason and ran == ["book_train"] * 3
+    broken["flight"] = False
+    await retry_run(store, "r1", by="ops", reason="the railway is back")
+    done = await until_completed(store, tight)
+    assert done.output == "train for rome" and ran == ["book_train"] * 4
+    report = await replay_run(store, WorkflowRegistry(tight), "r1")
+    assert report.clean and report.finished
