@@ -91,6 +91,9 @@ class Driver(Protocol):
 
     def store_time(self) -> float: ...
 
+    #: per child run id, the end of the child (the last event the store posted) as ``result()`` calls share it
+    child_ends: dict[str, asyncio.Future[Any]]
+
 
 class Binding:
     """The driver and scope of the task running workflow code."""
@@ -254,6 +257,10 @@ class WorkflowContext:
 
 
 @final
+class _WaitAgain(Exception):
+    """The wait for a child's end that other ``result()`` calls shared was cancelled before the end came."""
+
+
 class ChildHandle(Generic[R]):
     """A child run started with ``ctx.start_child``."""
 
@@ -270,12 +277,36 @@ class ChildHandle(Generic[R]):
     async def result(self) -> R:
         """Wait (durably: the run suspends) until the child finishes; return its output, typed.
 
+        Awaited again, by several tasks at once, or through another handle of the same child (started twice with
+        one ``checkpoint_id``), it returns the same output or raises the same error: a run takes its child's end
+        once, and every ``result()`` shares it.
+
         Raises:
             ChildFailedError: the child failed or was cancelled.
             SerializationError: its output does not fit the child workflow's return type.
         """
         b = _binding()
-        last = await b.driver.wait_signal(b.scope, child_signal(self.run_id), None, Any)
+        ends = b.driver.child_ends
+        while True:
+            shared = ends.get(self.run_id)
+            if shared is not None:  # another result() waits for this child, or got its end
+                try:
+                    last = await asyncio.shield(shared)
+                except _WaitAgain:  # that wait was cancelled before the end came: wait afresh
+                    continue
+                break
+            # invariant: one wait per child run is open at a time and its end is taken once: a second wait for
+            # the child's end would wait for ever, since the store posts that end to the parent once
+            shared = ends[self.run_id] = asyncio.get_running_loop().create_future()
+            try:
+                last = await b.driver.wait_signal(b.scope, child_signal(self.run_id), None, Any)
+            except BaseException:
+                del ends[self.run_id]
+                shared.set_exception(_WaitAgain())
+                shared.exception()  # (retrieved: nobody need be waiting on it)
+                raise
+            shared.set_result(last)
+            break
         event = decode_event(msgspec.json.encode(last), where=f"the last event of child run {self.run_id}")
         match event:
             case RunCompleted(output=output):

@@ -169,6 +169,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         self._inbox_read = live.store_now if live is not None else 0.0
         self._inbox_due: float | None = None
         self._calls: dict[str, Call] = {}
+        self.child_ends: dict[str, asyncio.Future[Any]] = {}  # (see ChildHandle.result)
         self._open: list[Call] = []  # calls that progress live, in registration order
         self._replaying = True
         self._cursor = 0  # into replayer.resolutions

@@ -29,6 +29,7 @@ from runifold import (
 )
 from runifold.history import ChildStarted, RunFailed, RunStarted, SignalReceived, fold
 from runifold.stores import SignalDelivery
+from runifold.worker import replay_run
 from runifold.worker._admin import child_runs
 from tests.stores.test_waits import envelope, keyring
 from tests.support import entries, send_signal, worker
@@ -99,6 +100,34 @@ async def shares_a_child(ctx: WorkflowContext, n: int) -> str:
     return invoice.order_id
 
 
+@workflow("reads-a-child-often")
+async def reads_a_child_often(ctx: WorkflowContext, amount: int) -> dict[str, Any]:
+    handle = await ctx.start_child(billing, {"order_id": "often-a", "amount": amount})
+    given_up = asyncio.create_task(handle.result())  # the first wait for the child's end, cancelled below
+    await asyncio.sleep(0)
+    sharing = asyncio.create_task(handle.result())  # waits with it, and on alone once it is cancelled
+    await asyncio.sleep(0)
+    given_up.cancel()
+    first = await handle.result()
+    second, third = await asyncio.gather(handle.result(), handle.result())
+    fourth = await sharing
+    # one checkpoint id twice: the same child run, two handles
+    same = [await ctx.start_child(billing, {"order_id": "often-b", "amount": amount}, checkpoint_id="often-b")
+            for _ in range(2)]
+    fifth, sixth = await asyncio.gather(same[0].result(), same[1].result())
+    seventh = await same[1].result()
+    failing = await ctx.start_child(billing, {"order_id": "often-c", "amount": -1})
+    errors = []
+    for _ in range(2):
+        try:
+            await failing.result()
+        except ChildFailedError as exc:
+            errors.append(exc.error_type)
+    invoices = [first, second, third, fourth, fifth, sixth, seventh]
+    return {"totals": [i.total for i in invoices], "types": sorted({type(i).__name__ for i in invoices}),
+            "same_run": same[0].run_id == same[1].run_id, "errors": errors}
+
+
 @workflow("limited-parent")
 async def limited_parent(ctx: WorkflowContext) -> str:
     return await ctx.run_child(approved_billing, {"order_id": "y"})
@@ -108,7 +137,7 @@ registry = WorkflowRegistry(WorkflowDefinition(billing), WorkflowDefinition(orde
                             WorkflowDefinition(approved_billing, signals={"approve": {"*"}}),
                             WorkflowDefinition(waits_on_a_child, signals={"go": {"alice"}}),
                             WorkflowDefinition(outlives_its_child, signals={"go": {"*"}}),
-                            WorkflowDefinition(shares_a_child))
+                            WorkflowDefinition(shares_a_child), WorkflowDefinition(reads_a_child_often))
 
 
 async def run_until(store: Any, ref: str, status: RunStatus, timeout: float = 30) -> Any:
@@ -149,6 +178,22 @@ async def test_a_parent_awaits_its_children_typed_results_and_failures(store: An
     assert await store.count_runs(name="billing") == 5
     assert all(v == 1 for v in calls.values()) and len(calls) == 4  # o1 failed before its step
     assert fold(history).children == {s.key: s.run_id for s in started}
+
+
+async def test_a_childs_result_can_be_awaited_again_by_several_tasks_and_handles(store: Any) -> None:
+    """result() awaited again, by tasks at once, after another wait for it was cancelled, or through a second
+    handle of the same child: each gets the child's output (or its failure); the parent takes the child's end once.
+    Every wait after the first waited for ever (helper-69), the parent reported waiting for a finished child."""
+    await store.enqueue(WorkflowTask("reads-a-child-often", 1, {"amount": 4}, checkpoint_id="ro1"))
+    await run_until(store, "ro1", RunStatus.COMPLETED, timeout=20)
+    history = await entries(store, "ro1")
+    assert msgspec.to_builtins(history[-1].event)["output"] == {
+        "totals": [4] * 7, "types": ["Invoice"], "same_run": True, "errors": ["ValueError", "ValueError"]}
+    received = [e.event.key for e in history if isinstance(e.event, SignalReceived)]
+    assert len(received) == 3, received  # one end taken per child run
+    assert await store.count_runs(name="billing") == 3 and calls == {"bill-often-a": 1, "bill-often-b": 1}
+    report = await replay_run(store, registry, "ro1")
+    assert report.clean and report.finished
 
 
 async def test_cancelling_a_parent_cancels_its_children(store: Any) -> None:
