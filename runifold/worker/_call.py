@@ -36,6 +36,7 @@ class Call:
     began: bool = False  # the body of this attempt began (the lease held when it was about to run)
     cancelled: bool = False  # workflow code stopped waiting for it: its outcome is dropped, never recorded
     error: str = ""  # the last failed attempt's error, while a retry waits
+    unknown: bool = False  # an effect's last attempt had an unknown outcome (a REPEAT waits to try again)
 
 
 @dataclass

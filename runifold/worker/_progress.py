@@ -363,19 +363,23 @@ class LiveProgress:
             self._fail(CapabilityDeniedError(key, requires), key)
             return False
         budget = self.definition.budget
-        out_of_time = self._out_of_time(self.store_time(), at=False)
-        if out_of_time is not None:
-            self._fail(out_of_time, key)
+        refusal = self._out_of_time(self.store_time(), at=False)
+        if refusal is None and kind is CallKind.STEP and budget.max_steps is not None \
+                and self.usage.steps + 1 > budget.max_steps:
+            refusal = BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps)
+        if refusal is None and kind is CallKind.EFFECT and self._effect_attempts_spent():
+            assert budget.max_effect_attempts is not None
+            refusal = BudgetExceededError("effect attempts", self.usage.effect_attempts + 1, budget.max_effect_attempts)
+        if refusal is None:
+            return True
+        if call.unknown:
+            # invariant: an effect whose outcome is unknown is parked, never failed: the budget refuses the next
+            # attempt, and an operator decides whether the last one took place (as when the retry budget is spent)
+            self._park(call, f"outcome unknown after {call.attempt - 1} attempt(s), and the run's budget allows no "
+                             f"more: {refusal}")
             return False
-        if kind is CallKind.STEP and budget.max_steps is not None and self.usage.steps + 1 > budget.max_steps:
-            self._fail(BudgetExceededError("steps", self.usage.steps + 1, budget.max_steps), key)
-            return False
-        if kind is CallKind.EFFECT and self._effect_attempts_spent():
-            limit = budget.max_effect_attempts
-            assert limit is not None
-            self._fail(BudgetExceededError("effect attempts", self.usage.effect_attempts + 1, limit), key)
-            return False
-        return True
+        self._fail(refusal, key)
+        return False
 
     def _effect_attempts_spent(self) -> bool:
         """The run's budget allows no more effect attempts."""
@@ -405,6 +409,7 @@ class LiveProgress:
             return
         if not self._allowed(call, CallKind.EFFECT, spec.requires):
             return
+        call.unknown = False
         self.usage.effect_attempts += 1
         idem = self._idempotency_key(call)
         timeout = None if spec.timeout is None else spec.timeout.total_seconds()
@@ -693,7 +698,7 @@ class LiveProgress:
                     # the provider is idempotent by key: the same key is tried again after the backoff
                     self.usage.retries += 1
                     self._record_effect(msgspec.structs.replace(unknown, retry_at=retry_at))
-                    call.attempt, call.due, call.error = attempt + 1, retry_at, unknown.error
+                    call.attempt, call.due, call.error, call.unknown = attempt + 1, retry_at, unknown.error, True
             case ResumePolicy.MANUAL:
                 self._park(call, "outcome unknown and the resume policy is MANUAL", [unknown])
             case ResumePolicy.RECONCILE:

@@ -35,6 +35,7 @@ from runifold.history import (
     Done,
     EffectFailed,
     EffectResolved,
+    EffectUnknown,
     Failed,
     Fresh,
     InDoubt,
@@ -124,6 +125,7 @@ class Replaying:
                         call.in_doubt, call.recovering, call.attempt = True, True, attempt
                     case RetryDue(attempt=attempt, retry_at=retry_at):
                         call.attempt, call.due = attempt, retry_at
+                        call.unknown = isinstance(events[-1], EffectUnknown)
                     case Fresh(attempt=attempt):
                         call.attempt = attempt
                     case _ as unreachable:

@@ -262,6 +262,46 @@ async def test_an_unknown_outcome_with_the_retry_budget_spent_is_parked_not_fail
     assert (await store.get_run("n1")).status is RunStatus.PARKED
 
 
+@effect(resume=ResumePolicy.REPEAT, retry=RetryPolicy(max_attempts=5, initial=timedelta(seconds=0.3), jitter=0))
+async def never_sure_later(key: str) -> str:
+    calls["never_sure_later"] += 1
+    raise EffectOutcomeUnknown("the provider did not answer")
+
+
+@workflow("never-sure-later")
+async def never_sure_later_flow(ctx: WorkflowContext) -> str:
+    return await never_sure_later()
+
+
+@pytest.mark.parametrize("limit", ["effect attempts", "elapsed seconds"])
+async def test_an_unknown_outcome_whose_next_attempt_the_budget_refuses_is_parked_not_failed(
+        store: Any, limit: str) -> None:
+    """REPEAT would try again after an unknown outcome, but the budget refuses the next attempt (the effect-attempt
+    budget is spent, or the run's time ran out during the backoff): the effect is parked for an operator, who
+    settles it, and the run goes on. It failed the run with the effect in doubt (helper-70)."""
+    if limit == "effect attempts":
+        definition = WorkflowDefinition(never_sure_flow, Budget(max_effect_attempts=3))
+        await store.enqueue(WorkflowTask("never-sure", 1, {}, checkpoint_id="n2"))
+        outcome = await worker(store, definition).run_once()
+        bodies = ("never_sure", 3)
+    else:
+        definition = WorkflowDefinition(never_sure_later_flow, Budget(max_elapsed=timedelta(seconds=0.2)))
+        await store.enqueue(WorkflowTask("never-sure-later", 1, {}, checkpoint_id="n2"))
+        outcome = await worker(store, definition).run_once()
+        assert not isinstance(outcome, Failed), outcome  # waits for the backoff
+        await asyncio.sleep(0.35)
+        outcome = await worker(store, definition).run_once()
+        bodies = ("never_sure_later", 1)
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert f"outcome unknown after {bodies[1]} attempt(s), and the run's budget allows no more" in outcome.detail
+    assert f"budget exceeded: {limit}" in outcome.detail and calls[bodies[0]] == bodies[1]
+    assert (await store.get_run("n2")).status is RunStatus.PARKED
+    await resolve_effect(store, WorkflowRegistry(definition), "n2", f"{bodies[0]}#1", Resolution.APPLIED,
+                         by="ops", reason="the provider confirms the charge", output="charged")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "charged" and calls[bodies[0]] == bodies[1]
+
+
 @step(retry=RetryPolicy(max_attempts=1))
 async def refuse_order() -> str:
     await asyncio.sleep(0.05)  # the effect has started by now
