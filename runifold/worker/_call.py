@@ -9,7 +9,7 @@ from typing import Any
 
 from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import EffectFailedError, NondeterminismError, StepFailedError
-from runifold.history import CHILD_SIGNAL_PREFIX, CallKind
+from runifold.history import CHILD_SIGNAL_PREFIX, CallKind, EffectReconciled
 from runifold.stores import Lease, WorkflowStore
 
 
@@ -90,6 +90,13 @@ class Live:
     renewed_at: float
     #: the store's clock when this process can read it directly (the memory store), else None
     local_clock: Callable[[], float] | None = None
+
+
+def retry_error(event: Any) -> str:
+    """Why the attempt before a retry failed, from the event that rescheduled it (``Call.error``)."""
+    if isinstance(event, EffectReconciled):
+        return f"reconciled as not applied: {event.detail}"
+    return str(getattr(event, "error", ""))
 
 
 def why(call: Call) -> str:

@@ -61,7 +61,7 @@ from runifold.history import (
     timer_state,
     wait_state,
 )
-from runifold.worker._call import Call, Live, ReplayReport
+from runifold.worker._call import Call, Live, ReplayReport, retry_error
 
 #: the kinds of call that, with no history, start fresh and progress live
 _FRESH_OPEN = frozenset({CallKind.STEP, CallKind.EFFECT})
@@ -109,7 +109,7 @@ class Replaying:
                     case Done() | Failed() | Cancelled():
                         return False
                     case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due = attempt, retry_at
+                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events[-1])
                     case Fresh(attempt=attempt):
                         call.attempt = attempt
                     case _ as unreachable:
@@ -124,7 +124,7 @@ class Replaying:
                     case InDoubt(attempt=attempt):
                         call.in_doubt, call.recovering, call.attempt = True, True, attempt
                     case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due = attempt, retry_at
+                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events[-1])
                         call.unknown = isinstance(events[-1], EffectUnknown)
                     case Fresh(attempt=attempt):
                         call.attempt = attempt

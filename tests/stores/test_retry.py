@@ -10,6 +10,7 @@ replays cleanly against its code.
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -246,3 +247,28 @@ async def test_a_run_failed_on_its_retry_budget_gets_one_more_attempt_when_retri
     assert done.output == "train for rome" and ran == ["book_train"] * 4
     report = await replay_run(store, WorkflowRegistry(tight), "r1")
     assert report.clean and report.finished
+
+
+@step(retry=RetryPolicy(max_attempts=3, initial=timedelta(hours=1)))
+async def slow_to_recover(trip: str) -> str:
+    raise ConnectionError("the provider is down")
+
+
+@workflow("backs_off")
+async def backs_off(ctx: WorkflowContext, trip: str) -> str:
+    return await slow_to_recover(trip)
+
+
+async def test_a_run_waiting_for_a_retry_keeps_the_error_in_its_reason_when_a_worker_takes_it_again(
+        store: Any) -> None:
+    """The reason of a run waiting for a retry names the failed attempt's error, and still does after another
+    execution suspended it again (woken early, say): it lost the error text (helper-70)."""
+    definition = WorkflowDefinition(backs_off)
+    await store.enqueue(WorkflowTask("backs_off", 1, {"trip": "rome"}, checkpoint_id="w1"))
+    await worker(store, definition).run_once()
+    expected = "step slow_to_recover#1 attempt 2 waits for its retry: ConnectionError: the provider is down"
+    assert (await store.get_run("w1")).reason == expected
+    await store.wake("w1")
+    await worker(store, definition).run_once()
+    info = await store.get_run("w1")
+    assert info.status is RunStatus.READY and info.due_at is not None and info.reason == expected
