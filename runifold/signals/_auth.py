@@ -137,9 +137,12 @@ class HmacKeyRing:
             raise ConfigurationError(f"freshness must be a positive, finite number of seconds, got {freshness!r}")
         self.freshness = freshness
         self._keys: dict[str, _Key] = {}
+        #: the file a ring loaded by from_file follows, with its (modification time, size, inode) when read
+        self._file: tuple[str, tuple[int, int, int]] | None = None
 
     def add(self, key_id: str, sender: str, secret: bytes) -> None:
         """Register ``secret`` (at least 16 bytes) for ``sender`` under ``key_id``."""
+        self._file = None  # (changed in memory: it no longer follows its file)
         _check_name("key id", key_id)
         _check_name("sender", sender)
         if key_id in self._keys:
@@ -154,6 +157,7 @@ class HmacKeyRing:
         if key is None:
             known = ", ".join(self._keys) or "none"
             raise ConfigurationError(f"no key id {key_id!r} in the key ring (key ids: {known})")
+        self._file = None
         self._keys[key_id] = _Key(key.sender, key.secret, revoked=True)
         return not key.revoked
 
@@ -170,6 +174,7 @@ class HmacKeyRing:
         clash = sorted(set(self._keys) & set(other._keys))
         if clash:
             raise ConfigurationError(f"key id(s) {', '.join(clash)} already in the key ring; key ids are never reused")
+        self._file = None
         self._keys.update(other._keys)
         return list(other._keys)
 
@@ -180,12 +185,20 @@ class HmacKeyRing:
         ``secret`` is base64. Keep the file readable by its owner only: a file
         that its group or others may read is loaded with a warning.
 
+        The ring follows its file: :meth:`verify` reads the file again when it
+        has changed since (its modification time, size or inode), so a key
+        ``runifold keys revoke`` or ``keys add`` writes is refused or trusted
+        by a running gateway from its next signal, and a file that can no
+        longer be read refuses every signal (``ConfigurationError``). A ring
+        changed in memory since (``add``, ``revoke``, ``merge``) no longer
+        follows it.
+
         Raises:
             ConfigurationError: the file cannot be read or is not a list of valid key entries.
         """
         try:
             with open(path, "rb") as f:
-                mode = os.fstat(f.fileno()).st_mode
+                status = os.fstat(f.fileno())
                 raw = f.read()
         except OSError as exc:
             raise ConfigurationError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
@@ -211,10 +224,27 @@ class HmacKeyRing:
                 raise ConfigurationError(f"key file {path}: {exc}") from exc
             if entry.revoked:
                 ring.revoke(entry.key_id)
+        mode = status.st_mode
         if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
             log.warning("key_file_not_private", path=path, mode=oct(stat.S_IMODE(mode)),
                         fix=f"chmod 600 {path}: it holds secrets")
+        ring._file = (path, _stamp(status))
         return ring
+
+    def _follow_file(self) -> None:
+        """Read the ring's file again if it changed since it was read (see :meth:`from_file`)."""
+        if self._file is None:
+            return
+        path, stamp = self._file
+        try:
+            now = _stamp(os.stat(path))
+        except OSError as exc:
+            raise ConfigurationError(f"cannot read key file {path}: {exc.strerror or exc}; every signal is refused "
+                                     "until it is back") from exc
+        if now != stamp:
+            fresh = HmacKeyRing.from_file(path, self.freshness)
+            self._keys, self._file = fresh._keys, fresh._file
+            log.info("key_file_reloaded", path=path, keys=len(self._keys))
 
     def to_file(self, path: str, *, overwrite: bool = True) -> None:
         """Write the ring to ``path`` (mode 0600) in the format :meth:`from_file` reads.
@@ -274,6 +304,7 @@ class HmacKeyRing:
         return secrets.token_bytes(32)
 
     def verify(self, envelope: SignalEnvelope, now: float) -> None:
+        self._follow_file()
         timestamp = envelope.timestamp
         if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
             raise SignalRejectedError("bad_timestamp", f"timestamp must be a finite number of seconds, got {timestamp!r}")
@@ -294,6 +325,10 @@ class HmacKeyRing:
                 f"timestamp is {abs(skew):.0f} s {'old' if skew < 0 else 'in the future'}; the window is ±{self.freshness:g} s "
                 "on the store's clock: sign just before sending and check the sender's clock",
             )
+
+
+def _stamp(status: os.stat_result) -> tuple[int, int, int]:
+    return status.st_mtime_ns, status.st_size, status.st_ino
 
 
 def sign_bytes(secret: bytes, envelope: SignalEnvelope) -> bytes:

@@ -119,6 +119,37 @@ def test_key_files_round_trip_privately(tmp_path: Path) -> None:
     assert HmacKeyRing.from_file(str(path)).keys() == loaded.keys()  # the refused write left the file alone
 
 
+def test_a_ring_loaded_from_a_file_follows_revokes_and_new_keys_written_to_it(tmp_path: Path) -> None:
+    """A gateway's ring, loaded once, refuses a key that `runifold keys revoke` revoked in its file from the next
+    signal on, and trusts a key added since; a file gone refuses every signal. It kept trusting a revoked key
+    until the process restarted (helper-68). A ring changed in memory no longer follows its file."""
+    path = str(tmp_path / "ring.json")
+    ring().to_file(path)
+    running = HmacKeyRing.from_file(path)
+    running.verify(envelope(), 1_000.0)
+
+    operator = HmacKeyRing.from_file(path)  # what `runifold keys revoke alice-1` does
+    operator.revoke("alice-1")
+    operator.add("alice-2", "alice", b"a" * 32)
+    operator.to_file(path)
+    with pytest.raises(SignalRejectedError) as refused:
+        running.verify(envelope(), 1_000.0)
+    assert refused.value.verdict == "revoked_key"
+    running.verify(sign(msgspec.structs.replace(envelope(), key_id="alice-2"), b"a" * 32), 1_000.0)
+
+    os.remove(path)
+    with pytest.raises(ConfigurationError, match="cannot read key file .* every signal is refused"):
+        running.verify(envelope(key_id="alice-2"), 1_000.0)
+
+    ring().to_file(path)
+    in_memory = HmacKeyRing.from_file(path)
+    in_memory.add("bob-1", "bob", b"b" * 32)
+    operator = HmacKeyRing.from_file(path)
+    operator.revoke("alice-1")
+    operator.to_file(path)
+    in_memory.verify(envelope(), 1_000.0)  # changed in memory: it keeps its own keys
+
+
 def test_a_key_file_others_can_read_is_loaded_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A group- or world-readable key file logs a warning naming the file and the fix."""
     if os.name != "posix":
