@@ -263,7 +263,10 @@ async def runs_show(args: argparse.Namespace) -> int:
         idempotency_key, attempts = effect_attempts([e.event for e in entries if e.event.key == key])
         out.append(f"effect      {printable(key)} is {state} (attempt {attempts}, idempotency key "
                    f"{printable(idempotency_key or '-')})")
-        if state == "ambiguous":
+        if state == "ambiguous" and info.status.finished:
+            out.append("            the run has finished: nothing settles it now; check the outside world by its "
+                       "idempotency key")
+        elif state == "ambiguous":
             out.append(f"            settle it: runifold resolve {info.run_id} {printable(key)} "
                        "--applied JSON | --retry | --fail --reason ...")
     if checkpoint.failure and checkpoint.failure != _reason(info):
@@ -319,6 +322,9 @@ def _print_report(report: ReplayReport) -> None:
     if report.divergence is not None:
         d = report.divergence
         print(printable(f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}"))
+    elif report.cancelled:
+        where = f"; its code waited at {printable(str(report.stopped_at))}" if report.stopped_at else ""
+        print(printable(f"clean: code and history agree up to the run's cancellation ({report.error}{where})"))
     elif report.finished and report.error is not None:
         print(printable(f"clean: code and history agree to the end (the workflow failed: {report.error})"))
     elif report.finished:
@@ -361,7 +367,7 @@ async def replay_cmd(args: argparse.Namespace) -> int:
 
 
 def _report_json(r: ReplayReport) -> dict[str, Any]:
-    return {"run_id": r.run_id, "clean": r.clean, "finished": r.finished, "stopped_at": r.stopped_at,
-            "workflow_error": r.error,
+    return {"run_id": r.run_id, "clean": r.clean, "finished": r.finished, "cancelled": r.cancelled,
+            "stopped_at": r.stopped_at, "workflow_error": r.error,
             "steps": r.steps, "divergence": None if r.divergence is None else {
                 "key": r.divergence.key, "recorded": r.divergence.recorded, "called": r.divergence.called}}

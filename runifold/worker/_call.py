@@ -63,6 +63,8 @@ class ReplayReport:
     result: Any = None
     error: str | None = None
     divergence: NondeterminismError | None = None
+    #: an operator cancelled the run: the replay ends where its history does (``error`` says by whom and why)
+    cancelled: bool = False
 
     @property
     def clean(self) -> bool:

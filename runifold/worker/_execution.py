@@ -70,6 +70,7 @@ from runifold.history import (
     CallKind,
     Entry,
     Replayer,
+    RunCancelled,
     RunCompleted,
     RunFailed,
     RunRetried,
@@ -162,6 +163,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         # how the run failed, if it is failed (its last event); the debugger reports it
         last = entries[-1].event if entries else None
         self._recorded_failure = last if isinstance(last, RunFailed) else None
+        self._recorded_cancel = last if isinstance(last, RunCancelled) else None
         # the live run failed before its code made any call (its input did not fit, it was retried and did not)
         self._failed_at_start = self._recorded_failure is not None and all(
             isinstance(e.event, (RunStarted, RunFailed, RunRetried)) for e in entries)

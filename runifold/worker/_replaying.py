@@ -41,6 +41,7 @@ from runifold.history import (
     InDoubt,
     Replayer,
     RetryDue,
+    RunCancelled,
     RunCompleted,
     RunFailed,
     SignalReceived,
@@ -85,6 +86,7 @@ class Replaying:
     definition: WorkflowDefinition
     _recorded_result: list[RunCompleted]
     _recorded_failure: RunFailed | None
+    _recorded_cancel: RunCancelled | None
     _failure: tuple[str, BaseException | None, str] | None
 
     def _check_recoveries(self) -> None:
@@ -287,7 +289,11 @@ class Replaying:
         report, root = self.report, self._root
         pending = [c.key for c in self._open if not c.future.done()]
         report.stopped_at = pending[0] if pending else None
-        if self._failure is not None:
+        if self._recorded_cancel is not None:
+            # an operator ended the run from outside: its history, and so the replay, stops there
+            cancel = self._recorded_cancel
+            report.finished, report.cancelled, report.error = True, True, f"cancelled by {cancel.by}: {cancel.reason}"
+        elif self._failure is not None:
             # a charge the budget refused: the run fails there, whatever its code does after
             report.finished, report.stopped_at, report.error = True, None, self._failure[0]
         elif self._recorded_failure is not None and not (root is not None and root.done()):

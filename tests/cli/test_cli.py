@@ -140,6 +140,19 @@ def test_resolve_cancel_and_migrate(cli: Cli) -> None:
         run_id, "e1", "notify#1", "retry"), answer
     run_worker_until(cli, "e1", RunStatus.COMPLETED)
     assert '"by":"ops-bob"' in cli("history", "e1").stdout
+    # a parked run cancelled: its effect stays in doubt, and nothing can settle it now (helper-70: runs show named
+    # `runifold resolve`, which refuses a finished run); its replay ends at the cancellation, not "as far as ..."
+    (cli.tmp / "notify-called").unlink()  # the effect's next outcome is unknown again
+    assert cli("enqueue", "notifying", "1", "--input", '{"n": 4}', "--checkpoint-id", "e2").returncode == 0
+    run_worker_until(cli, "e2", RunStatus.PARKED)
+    assert cli("cancel", "e2", "--reason", "order withdrawn", "--by", "ops").returncode == 0
+    show = cli("runs", "show", "e2").stdout
+    assert "notify#1 is ambiguous" in show and "settle it" not in show
+    assert "the run has finished: nothing settles it now; check the outside world by its idempotency key" in show
+    replayed = cli("replay", "e2")
+    assert replayed.returncode == 0 and ("clean: code and history agree up to the run's cancellation (cancelled by "
+                                         "ops: order withdrawn; its code waited at notify#1)") in replayed.stdout
+    assert [r["cancelled"] for r in json.loads(cli("replay", "e2", "--json").stdout)] == [True]
     assert cli("enqueue", "steps", "1", "--input", '{"n": 1}', "--checkpoint-id", "c9").returncode == 0
     assert cli("cancel", "c9", "--reason", "not needed").returncode == 0
     again = cli("cancel", "c9", "--reason", "again")

@@ -1254,6 +1254,25 @@ async def test_a_completed_run_replayed_against_code_that_added_a_call_in_a_task
         assert report.divergence is not None, (changed.__name__, report)
 
 
+async def test_the_debugger_reports_a_cancelled_run_as_cancelled(store: Any) -> None:
+    """A run an operator cancelled replays up to its cancellation and is reported finished and cancelled, by whom
+    and why, with the call its code waited at; it read like a run still waiting (helper-70)."""
+    from runifold import cancel_run
+    from runifold.worker import replay_run
+
+    definition = WorkflowDefinition(deadline, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("deadline", 1, {}, checkpoint_id="c1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await cancel_run(store, "c1", by="ops", reason="not needed")
+    report = await replay_run(store, WorkflowRegistry(definition), "c1")
+    assert report.clean and report.finished and report.cancelled
+    assert report.error == "cancelled by ops: not needed" and report.stopped_at == "wait.go#1"
+    waiting = WorkflowTask("deadline", 1, {}, checkpoint_id="w2")
+    await store.enqueue(waiting)
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    assert not (await replay_run(store, WorkflowRegistry(definition), "w2")).cancelled
+
+
 async def test_the_debugger_reports_where_an_unfinished_run_waits(store: Any) -> None:
     """Replaying a waiting run stops at its wait: not finished, no error, stopped at the wait's key."""
     from runifold.worker import replay_run
