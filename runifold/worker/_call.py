@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import EffectFailedError, NondeterminismError, StepFailedError
-from runifold.history import CHILD_SIGNAL_PREFIX, CallKind, EffectReconciled
+from runifold.history import CHILD_SIGNAL_PREFIX, CallKind, EffectFailed, EffectReconciled, EffectUnknown, StepFailed
 from runifold.stores import Lease, WorkflowStore
 
 
@@ -94,11 +94,15 @@ class Live:
     local_clock: Callable[[], float] | None = None
 
 
-def retry_error(event: Any) -> str:
-    """Why the attempt before a retry failed, from the event that rescheduled it (``Call.error``)."""
-    if isinstance(event, EffectReconciled):
-        return f"reconciled as not applied: {event.detail}"
-    return str(getattr(event, "error", ""))
+def retry_error(events: Sequence[Any]) -> str:
+    """Why the attempt before a retry failed (``Call.error``), from the call's events: the last that says (an
+    operator's ``run_retried`` or the ``run_failed`` before it may come after)."""
+    for event in reversed(events):
+        if isinstance(event, EffectReconciled):
+            return f"reconciled as not applied: {event.detail}"
+        if isinstance(event, (StepFailed, EffectFailed, EffectUnknown)):
+            return event.error
+    return ""
 
 
 def why(call: Call) -> str:

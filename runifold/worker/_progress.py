@@ -741,7 +741,7 @@ class LiveProgress:
                                           retry_at=retry_at)
             self._record_effect(reconciled)
             call.in_doubt, call.recovering, call.attempt, call.due = False, False, attempt + 1, retry_at
-            call.error = retry_error(reconciled)
+            call.error = retry_error([reconciled])
         else:
             self._park(call, f"reconcile found no evidence either way: {evidence.detail}",
                        [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=evidence.detail)])

@@ -40,6 +40,7 @@ from runifold.history import (
     Fresh,
     InDoubt,
     Replayer,
+    Resolution,
     RetryDue,
     RunCancelled,
     RunCompleted,
@@ -111,7 +112,7 @@ class Replaying:
                     case Done() | Failed() | Cancelled():
                         return False
                     case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events[-1])
+                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events)
                     case Fresh(attempt=attempt):
                         call.attempt = attempt
                     case _ as unreachable:
@@ -126,10 +127,13 @@ class Replaying:
                     case InDoubt(attempt=attempt):
                         call.in_doubt, call.recovering, call.attempt = True, True, attempt
                     case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events[-1])
+                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events)
                         call.unknown = isinstance(events[-1], EffectUnknown)
                     case Fresh(attempt=attempt):
+                        # an operator's RETRY of an ambiguous effect: its outcome is still unknown until it runs
+                        last = events[-1]
                         call.attempt = attempt
+                        call.unknown = isinstance(last, EffectResolved) and last.resolution is Resolution.RETRY
                     case _ as unreachable:
                         assert_never(unreachable)
             case CallKind.TIMER:

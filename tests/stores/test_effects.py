@@ -296,6 +296,12 @@ async def test_an_unknown_outcome_whose_next_attempt_the_budget_refuses_is_parke
     assert f"outcome unknown after {bodies[1]} attempt(s), and the run's budget allows no more" in outcome.detail
     assert f"budget exceeded: {limit}" in outcome.detail and calls[bodies[0]] == bodies[1]
     assert (await store.get_run("n2")).status is RunStatus.PARKED
+    # an operator's RETRY that the budget still refuses leaves it in doubt, so parked again, not failed (helper-71)
+    await resolve_effect(store, WorkflowRegistry(definition), "n2", f"{bodies[0]}#1", Resolution.RETRY,
+                         by="ops", reason="try once more")
+    again = await worker(store, definition).run_once()
+    assert isinstance(again, Suspended) and again.reason is SuspendReason.AMBIGUOUS, again
+    assert "the run's budget allows no more" in again.detail and calls[bodies[0]] == bodies[1]
     await resolve_effect(store, WorkflowRegistry(definition), "n2", f"{bodies[0]}#1", Resolution.APPLIED,
                          by="ops", reason="the provider confirms the charge", output="charged")
     done = await worker(store, definition).run_once()

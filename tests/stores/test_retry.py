@@ -272,3 +272,13 @@ async def test_a_run_waiting_for_a_retry_keeps_the_error_in_its_reason_when_a_wo
     await worker(store, definition).run_once()
     info = await store.get_run("w1")
     assert info.status is RunStatus.READY and info.due_at is not None and info.reason == expected
+    # and after an operator's retry of the run failed during the backoff (its run_retried comes last: helper-71)
+    timed = WorkflowDefinition(backs_off, Budget(max_elapsed=timedelta(seconds=0.3)))
+    await store.enqueue(WorkflowTask("backs_off", 1, {"trip": "oslo"}, checkpoint_id="w2"))
+    await worker(store, timed).run_once()
+    await asyncio.sleep(0.35)
+    await worker(store, timed).run_once()
+    assert (await store.get_run("w2")).status is RunStatus.FAILED
+    await retry_run(store, "w2", by="ops", reason="more time")
+    await worker(store, definition).run_once()
+    assert (await store.get_run("w2")).reason == expected
