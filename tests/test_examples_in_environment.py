@@ -136,6 +136,52 @@ async def test_a_child_the_environment_cannot_run_is_named() -> None:
             await env.result(run)
 
 
+@pytest.mark.parametrize("budget", ["default", "a day"])
+async def test_a_parent_waiting_on_a_parked_child_is_named_with_what_the_child_needs(budget: str) -> None:
+    """Found by helper-68: env.result of a parent whose child is parked told the test to send a signal (which the
+    child's `child:` wait refuses); with an elapsed budget it skipped a day and failed the parent on it. It names
+    the parked child and resolve_effect, and skips no time; once resolved, the parent completes."""
+    from datetime import timedelta
+
+    from runifold import (
+        Budget,
+        EffectOutcomeUnknown,
+        Resolution,
+        ResumePolicy,
+        WorkflowContext,
+        WorkflowDefinition,
+        effect,
+        resolve_effect,
+        workflow,
+    )
+
+    @effect(resume=ResumePolicy.MANUAL)
+    async def pay_out(key: str, cents: int) -> str:
+        raise EffectOutcomeUnknown("the bank timed out")
+
+    @workflow("payout")
+    async def payout(ctx: WorkflowContext, cents: int) -> str:
+        return await pay_out(cents)
+
+    @workflow("expense")
+    async def expense(ctx: WorkflowContext, cents: int) -> str:
+        return await ctx.run_child(payout, {"cents": cents})
+
+    limits = Budget() if budget == "default" else Budget(max_elapsed=timedelta(days=1))
+    async with WorkflowEnvironment(WorkflowDefinition(expense, limits), WorkflowDefinition(payout)) as env:
+        run = await env.start(expense, {"cents": 700})
+        with pytest.raises(AssertionError, match=r"is waiting .*: its child run run_\w+ is parked \(effect pay_out#1 is "
+                                                 r"ambiguous: .*\): resolve its effect with resolve_effect\(env.store, "
+                                                 r"env.registry, 'run_\w+', ...\) first"):
+            await env.result(run)
+        assert env.clock() - (await env.store.get_run(run.run_id)).created_at < 1  # no time was skipped
+        [child] = [r for r in await env.store.list_runs(name="payout")]
+        await resolve_effect(env.store, env.registry, child.run_id, "pay_out#1", Resolution.APPLIED, by="test",
+                             reason="the bank confirms", output="paid")
+        assert await env.result(run) == "paid"
+        await env.assert_replays()
+
+
 async def test_the_environment_refuses_what_production_refuses() -> None:
     """An empty signal id, which the gateway refuses, got a generated one here; a naive start was read in the
     machine's time zone, so a test's dates depended on where it ran (helper-28)."""

@@ -11,7 +11,7 @@ from runifold.client import Client, RunHandle
 from runifold.client._client import started
 from runifold.dsl import WorkflowDefinition
 from runifold.errors import ConfigurationError
-from runifold.history import Entry, decode_event, fold, is_version
+from runifold.history import CHILD_SIGNAL_PREFIX, Entry, decode_event, fold, is_version
 from runifold.signals import SignalEnvelope, SignalGateway
 from runifold.stores import UNFINISHED, RunInfo, RunStatus, SignalReceipt
 from runifold.stores.memory import MemoryWorkflowStore
@@ -147,18 +147,13 @@ class WorkflowEnvironment:
             if info.status.finished:
                 handle = run if isinstance(run, RunHandle) else await self.client.get_handle(run)
                 return await handle.result()
-            if info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or not await self.skip_time():
-                if info.status is RunStatus.PARKED:
-                    what = "resolve its effect with resolve_effect(env.store, env.registry, ...) first"
-                elif info.status is RunStatus.DIVERGED:
-                    what = "its code no longer matches its history"
-                elif await self._waits_for_signal(info):
-                    what = "send what it waits for with env.signal(...) first"
-                else:
-                    what = "it waits only for a timer that never fires"
+            # (a run whose child is parked or diverged waits for ever too: skipping time would only run out its
+            # elapsed budget)
+            if (info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or await self._stuck_child(info) is not None
+                    or not await self.skip_time()):
                 raise AssertionError(
                     f"run {info.run_id} is {info.status} and nothing in this environment will change that "
-                    f"({info.reason}): {what}"
+                    f"({info.reason}): {await self._what_it_needs(info)}"
                 )
         raise AssertionError(f"run {_id(run)} did not finish after {_MAX_ROUNDS:,} rounds: does it loop forever?")
 
@@ -203,6 +198,35 @@ class WorkflowEnvironment:
 
     async def _unfinished(self) -> list[RunInfo]:
         return await self.store.list_runs(status=UNFINISHED, limit=1_000_000)
+
+    async def _what_it_needs(self, info: RunInfo) -> str:
+        """What would move a run on that waits for ever here: for a run waiting on a child, what the child needs."""
+        if info.status is RunStatus.PARKED:
+            return f"resolve its effect with resolve_effect(env.store, env.registry, {info.run_id!r}, ...) first"
+        if info.status is RunStatus.DIVERGED:
+            return "its code no longer matches its history"
+        for child in await self._children_waited_for(info):
+            return f"its child run {child.run_id} is {child.status} ({child.reason}): {await self._what_it_needs(child)}"
+        if await self._waits_for_signal(info):
+            return f"send what it waits for with env.signal({info.run_id!r}, ...) first"
+        return "it waits only for a timer that never fires"
+
+    async def _stuck_child(self, info: RunInfo) -> RunInfo | None:
+        """A parked or diverged run among the unfinished children ``info`` waits for (and theirs)."""
+        for child in await self._children_waited_for(info):
+            if child.status in (RunStatus.PARKED, RunStatus.DIVERGED):
+                return child
+            below = await self._stuck_child(child)
+            if below is not None:
+                return below
+        return None
+
+    async def _children_waited_for(self, info: RunInfo) -> list[RunInfo]:
+        history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]
+        children = [await self.store.get_run(wait.signal.removeprefix(CHILD_SIGNAL_PREFIX))
+                    for wait in fold(history).waits
+                    if wait.kind == "signal" and wait.signal is not None and wait.signal.startswith(CHILD_SIGNAL_PREFIX)]
+        return [child for child in children if not child.status.finished]
 
     async def _waits_for_signal(self, info: RunInfo) -> bool:
         history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]
