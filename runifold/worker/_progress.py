@@ -257,20 +257,22 @@ class LiveProgress:
             return
         out_of_time = None if settling else self._out_of_time(now, at=True)
         if out_of_time is not None and not self._parked():
-            # the run's elapsed budget ran out while it waited: a wait, or a step's retry backoff, still open can
-            # no longer end in time (a run with an ambiguous effect waits for its operator instead: failing it
-            # would strand the effect; so an effect waiting for its next attempt is parked for one; a run whose
-            # code has finished waits for nothing but its effects)
+            # the run's elapsed budget ran out while it waited: a wait, or a retry's backoff, still open can no
+            # longer end in time (a run with an ambiguous effect waits for its operator instead: failing it would
+            # strand the effect; so an effect waiting to try again after an unknown outcome is parked for one, as
+            # _allowed parks it when a late worker finds its attempt due; one whose last attempt failed took no
+            # place, and fails the run like a step's retry. A run whose code has finished waits only for effects)
             for call in self._open:
-                if call.kind is CallKind.EFFECT and call.due and not call.busy:
-                    self._park(call, f"the run's elapsed budget ran out while it waited for attempt {call.attempt} "
-                                     f"({out_of_time}); resolve it")
+                if call.kind is CallKind.EFFECT and call.due and not call.busy and call.unknown:
+                    self._park(call, f"outcome unknown after {call.attempt - 1} attempt(s), and the run's elapsed "
+                                     f"budget ran out while it waited for attempt {call.attempt} ({out_of_time})")
             if self._parked():
                 return
             for call in self._open:
                 if call.future.done() or call.busy:
                     continue
-                if call.kind in (CallKind.TIMER, CallKind.SIGNAL) or (call.kind is CallKind.STEP and call.due):
+                if call.kind in (CallKind.TIMER, CallKind.SIGNAL) or (
+                        call.kind in (CallKind.STEP, CallKind.EFFECT) and call.due):
                     self._fail(out_of_time, call.key)
                     return
 
@@ -435,7 +437,8 @@ class LiveProgress:
                     self._park(call, f"outcome unknown after {call.attempt} attempt(s), and the run's effect-attempt "
                                      f"budget ({self.definition.budget.max_effect_attempts}) is spent")
                     return
-                call.in_doubt, call.attempt = False, call.attempt + 1
+                # (the attempt a crash cut short has an unknown outcome: a budget that refuses the next one parks it)
+                call.in_doubt, call.attempt, call.unknown = False, call.attempt + 1, True
                 self._start_effect(call)
             case ResumePolicy.MANUAL:
                 self._park(call, "outcome unknown and the resume policy is MANUAL")

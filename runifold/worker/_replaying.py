@@ -35,12 +35,10 @@ from runifold.history import (
     Done,
     EffectFailed,
     EffectResolved,
-    EffectUnknown,
     Failed,
     Fresh,
     InDoubt,
     Replayer,
-    Resolution,
     RetryDue,
     RunCancelled,
     RunCompleted,
@@ -63,7 +61,7 @@ from runifold.history import (
     timer_state,
     wait_state,
 )
-from runifold.worker._call import Call, Live, ReplayReport, retry_error
+from runifold.worker._call import Call, Live, ReplayReport, outcome_unknown, retry_error
 
 #: the kinds of call that, with no history, start fresh and progress live
 _FRESH_OPEN = frozenset({CallKind.STEP, CallKind.EFFECT})
@@ -128,12 +126,10 @@ class Replaying:
                         call.in_doubt, call.recovering, call.attempt = True, True, attempt
                     case RetryDue(attempt=attempt, retry_at=retry_at):
                         call.attempt, call.due, call.error = attempt, retry_at, retry_error(events)
-                        call.unknown = isinstance(events[-1], EffectUnknown)
+                        call.unknown = outcome_unknown(events)
                     case Fresh(attempt=attempt):
-                        # an operator's RETRY of an ambiguous effect: its outcome is still unknown until it runs
-                        last = events[-1]
-                        call.attempt = attempt
-                        call.unknown = isinstance(last, EffectResolved) and last.resolution is Resolution.RETRY
+                        # (an operator's RETRY of an ambiguous effect: its outcome is unknown until it runs again)
+                        call.attempt, call.unknown = attempt, outcome_unknown(events)
                     case _ as unreachable:
                         assert_never(unreachable)
             case CallKind.TIMER:

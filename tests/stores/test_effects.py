@@ -308,6 +308,48 @@ async def test_an_unknown_outcome_whose_next_attempt_the_budget_refuses_is_parke
     assert isinstance(done, Completed) and done.output == "charged" and calls[bodies[0]] == bodies[1]
 
 
+async def test_a_repeat_after_a_crash_past_the_runs_elapsed_budget_is_parked_not_failed(store: Any) -> None:
+    """An attempt left in doubt by a stopped worker, taken up after the run's elapsed budget ran out: the repeat
+    the budget refuses leaves it in doubt, so it is parked, not failed (helper-72: it failed the run)."""
+    definition = WorkflowDefinition(blocked_payment, Budget(max_elapsed=timedelta(milliseconds=300)))
+    await store.enqueue(WorkflowTask("blocked-payment", 1, {}, checkpoint_id="b2"))
+    running = asyncio.ensure_future(worker(store, definition).run_once())
+    while calls["blocks"] == 0:
+        await asyncio.sleep(0.01)
+    running.cancel()
+    await asyncio.gather(running, return_exceptions=True)
+    await asyncio.sleep(0.35)
+    outcome = await worker(store, definition).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert "budget exceeded: elapsed seconds ran out" in outcome.detail and calls["blocks"] == 1
+
+
+async def test_a_run_failed_with_an_effect_in_doubt_and_retried_parks_it_when_the_budget_refuses(
+        store: Any) -> None:
+    """A run an older release failed on its effect-attempt budget with the effect's outcome unknown (history:
+    effect_unknown, run_failed), retried by an operator as it is: the refused repeat parks the effect (its
+    outcome is still unknown) instead of failing the run again (helper-72)."""
+    from runifold import retry_run
+    from runifold.history import EffectStarted, EffectUnknown, RunFailed
+    from runifold.stores import EventRow, Finish
+
+    definition = WorkflowDefinition(never_sure_flow, Budget(max_effect_attempts=1))
+    await store.enqueue(WorkflowTask("never-sure", 1, {}, checkpoint_id="old1"))
+    claim = await store.claim("w0", {"never-sure"}, 30.0)
+    run_id = claim.run_id
+    await store.commit(claim.lease, 1, [
+        EventRow.of(EffectStarted(key="never_sure#1", idempotency_key=f"{run_id}:never_sure#1", attempt=1)),
+        EventRow.of(EffectUnknown(key="never_sure#1", error="EffectOutcomeUnknown: no answer", attempt=1,
+                                  error_type="runifold.errors.EffectOutcomeUnknown", retry_at=0.0)),
+        EventRow.of(RunFailed(reason="budget exceeded: effect attempts would reach 2, the budget allows 1",
+                              key="never_sure#1", error_type="runifold.errors.BudgetExceededError"))],
+        Finish(RunStatus.FAILED, "budget exceeded"))
+    await retry_run(store, "old1", by="ops", reason="after the upgrade")
+    outcome = await worker(store, definition).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert calls["never_sure"] == 0 and (await store.get_run("old1")).status is RunStatus.PARKED
+
+
 @step(retry=RetryPolicy(max_attempts=1))
 async def refuse_order() -> str:
     await asyncio.sleep(0.05)  # the effect has started by now

@@ -411,9 +411,29 @@ async def unsure(key: str) -> str:
     raise TimeoutError("the gateway did not answer")
 
 
+@effect(resume=ResumePolicy.REPEAT, retry=RetryPolicy(max_attempts=3, initial=timedelta(seconds=0.5), jitter=0))
+async def declines(key: str) -> str:
+    raise ValueError("card declined")
+
+
 @workflow("backs-off")
 async def backs_off(ctx: WorkflowContext, kind: str) -> str:
-    return await (provider_down() if kind == "step" else unsure())
+    return await {"step": provider_down, "effect": unsure, "declined effect": declines}[kind]()
+
+
+@pytest.mark.parametrize("late", [False, True])
+async def test_an_effect_whose_last_attempt_failed_fails_the_run_when_its_time_runs_out_in_the_backoff(
+        store: Any, late: bool) -> None:
+    """Its last attempt failed, so nothing of it is in doubt: when the elapsed budget runs out during its backoff
+    the run fails, whether a worker takes it up at the budget's end or after the retry was due. It was parked
+    at the budget's end and failed when taken up later (helper-72)."""
+    definition = WorkflowDefinition(backs_off, Budget(max_elapsed=timedelta(milliseconds=300)))
+    await store.enqueue(WorkflowTask("backs-off", 1, {"kind": "declined effect"}, checkpoint_id="d1"))
+    assert isinstance(await worker(store, definition).run_once(), Retried)
+    await asyncio.sleep(0.6 if late else 0.35)  # late: its retry (0.5 s) is due too when the worker comes
+    outcome = await worker(store, definition).run_once()
+    assert isinstance(outcome, Failed) and "budget exceeded: elapsed seconds ran out" in outcome.reason, outcome
+    assert (await store.get_run("d1")).status is RunStatus.FAILED
 
 
 @pytest.mark.parametrize("kind", ["step", "effect"])
@@ -432,7 +452,8 @@ async def test_the_elapsed_budget_running_out_during_a_retry_backoff_ends_the_wa
         assert isinstance(outcomes[0], Failed) and "budget exceeded: elapsed seconds ran out" in outcomes[0].reason
     else:
         assert isinstance(outcomes[0], Suspended) and outcomes[0].reason is SuspendReason.AMBIGUOUS
-        assert "the run's elapsed budget ran out while it waited for attempt 2" in outcomes[0].detail
+        assert "outcome unknown after 1 attempt(s), and the run's elapsed budget ran out while it waited for " \
+               "attempt 2" in outcomes[0].detail
         assert (await store.get_run("b1")).status is RunStatus.PARKED
     assert all(isinstance(o, Idle) for o in outcomes[1:])  # not claimed again and again
 
