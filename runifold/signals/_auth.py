@@ -138,7 +138,7 @@ class HmacKeyRing:
         self.freshness = freshness
         self._keys: dict[str, _Key] = {}
         #: the file a ring loaded by from_file follows, with its (modification time, size, inode) when read
-        self._file: tuple[str, tuple[int, int, int]] | None = None
+        self._file: tuple[str, tuple[int, int, int, int]] | None = None
 
     def add(self, key_id: str, sender: str, secret: bytes) -> None:
         """Register ``secret`` (at least 16 bytes) for ``sender`` under ``key_id``."""
@@ -186,7 +186,7 @@ class HmacKeyRing:
         that its group or others may read is loaded with a warning.
 
         The ring follows its file: :meth:`verify` reads the file again when it
-        has changed since (its modification time, size or inode), so a key
+        has changed since (its modification or change time, size or inode), so a key
         ``runifold keys revoke`` or ``keys add`` writes is refused or trusted
         by a running gateway from its next signal, and a file that can no
         longer be read refuses every signal (``ConfigurationError``). A ring
@@ -327,8 +327,9 @@ class HmacKeyRing:
             )
 
 
-def _stamp(status: os.stat_result) -> tuple[int, int, int]:
-    return status.st_mtime_ns, status.st_size, status.st_ino
+def _stamp(status: os.stat_result) -> tuple[int, int, int, int]:
+    # (the change time too: a copy that keeps the old modification time, or a chmod, still changes it)
+    return status.st_mtime_ns, status.st_ctime_ns, status.st_size, status.st_ino
 
 
 def sign_bytes(secret: bytes, envelope: SignalEnvelope) -> bytes:

@@ -137,6 +137,24 @@ def test_a_ring_loaded_from_a_file_follows_revokes_and_new_keys_written_to_it(tm
     assert refused.value.verdict == "revoked_key"
     running.verify(sign(msgspec.structs.replace(envelope(), key_id="alice-2"), b"a" * 32), 1_000.0)
 
+    # rewritten in place, same size, its modification time put back (cp -p, rsync -t): the change time still moves
+    before = os.stat(path)
+    restored = HmacKeyRing.from_file(path)
+    restored.revoke("alice-2")
+    with open(path, "r+b") as f:
+        text = f.read()
+    restored.to_file(path + ".new")
+    with open(path + ".new", "rb") as f:
+        changed = f.read()
+    changed += b" " * (len(text) - len(changed))  # ("true" is one byte shorter than "false": JSON allows the space)
+    assert len(changed) == len(text)
+    with open(path, "r+b") as f:
+        f.write(changed)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    with pytest.raises(SignalRejectedError) as refused:
+        running.verify(sign(msgspec.structs.replace(envelope(), key_id="alice-2"), b"a" * 32), 1_000.0)
+    assert refused.value.verdict == "revoked_key"
+
     os.remove(path)
     with pytest.raises(ConfigurationError, match="cannot read key file .* every signal is refused"):
         running.verify(envelope(key_id="alice-2"), 1_000.0)
