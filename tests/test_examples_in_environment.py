@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
@@ -180,6 +181,36 @@ async def test_a_parent_waiting_on_a_parked_child_is_named_with_what_the_child_n
                              reason="the bank confirms", output="paid")
         assert await env.result(run) == "paid"
         await env.assert_replays()
+
+
+async def test_of_two_children_the_parked_one_is_named() -> None:
+    """A parent waits on two children, one waiting for a signal and one parked: the message names the parked one,
+    which stops the run (helper-72: it named the first child it found)."""
+    from runifold import EffectOutcomeUnknown, ResumePolicy, WorkflowContext, WorkflowDefinition, effect, workflow
+
+    @effect(resume=ResumePolicy.MANUAL)
+    async def transfer(key: str) -> str:
+        raise EffectOutcomeUnknown("the bank timed out")
+
+    @workflow("asks")
+    async def asks(ctx: WorkflowContext) -> str:
+        return str(await ctx.wait_signal("ok"))
+
+    @workflow("transfers")
+    async def transfers(ctx: WorkflowContext) -> str:
+        return await transfer()
+
+    @workflow("both")
+    async def both(ctx: WorkflowContext) -> list[str]:
+        first = await ctx.start_child(asks, {})
+        second = await ctx.start_child(transfers, {})
+        return list(await asyncio.gather(first.result(), second.result()))
+
+    async with WorkflowEnvironment(WorkflowDefinition(both), WorkflowDefinition(asks, signals={"ok": {"*"}}),
+                                   WorkflowDefinition(transfers)) as env:
+        run = await env.start(both, {})
+        with pytest.raises(AssertionError, match=r"its child run run_\w+ is parked \(effect transfer#1 is ambiguous"):
+            await env.result(run)
 
 
 async def test_the_environment_refuses_what_production_refuses() -> None:

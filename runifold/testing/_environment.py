@@ -205,7 +205,10 @@ class WorkflowEnvironment:
             return f"resolve its effect with resolve_effect(env.store, env.registry, {info.run_id!r}, ...) first"
         if info.status is RunStatus.DIVERGED:
             return "its code no longer matches its history"
-        for child in await self._children_waited_for(info):
+        children = await self._children_waited_for(info)
+        stopping = [c for c in children
+                    if c.status in (RunStatus.PARKED, RunStatus.DIVERGED) or await self._stuck_child(c) is not None]
+        for child in stopping or children:  # the child a parked or diverged run stops, if one does
             return f"its child run {child.run_id} is {child.status} ({child.reason}): {await self._what_it_needs(child)}"
         if await self._waits_for_signal(info):
             return f"send what it waits for with env.signal({info.run_id!r}, ...) first"
