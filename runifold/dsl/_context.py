@@ -256,11 +256,11 @@ class WorkflowContext:
         return await handle.result()
 
 
-@final
 class _WaitAgain(Exception):
     """The wait for a child's end that other ``result()`` calls shared was cancelled before the end came."""
 
 
+@final
 class ChildHandle(Generic[R]):
     """A child run started with ``ctx.start_child``."""
 

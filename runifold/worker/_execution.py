@@ -774,7 +774,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         self.replayer = Replayer([Entry(0, replayer.started_at, replayer.started)])
         for held in (self._calls, self._open, self._inbox, self._buffer, self._outbox, self._consumed,
                      self._resolutions, self._finished, self._starts, self._bodies, self._recorded_result,
-                     self._failed_at):
+                     self._failed_at, self.child_ends):
             held.clear()
 
 
