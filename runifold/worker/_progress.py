@@ -299,7 +299,14 @@ class LiveProgress:
         """When a timer or signal wait ended by the store's clock, if it has: ``(at, order, call, signal)``, the
         signal it takes (None: a timer fired, or a wait's deadline passed)."""
         if call.kind is CallKind.TIMER:
-            return None if call.due is None or call.due > now else (call.due, order, call, None)
+            if call.due is None or call.due > now:
+                return None
+            if self._inbox_read < call.due and any(c.kind is CallKind.SIGNAL and self._pending(c) for c in self._open):
+                # invariant: a timer racing a signal wait (asyncio.timeout or wait_for around wait_signal, a
+                # reminder sleep beside it) fires only once the inbox was read at or after its due time: a signal
+                # the store received before it ends that wait first, however late this worker looks
+                self._inbox_due = call.due if self._inbox_due is None else min(self._inbox_due, call.due)
+            return call.due, order, call, None
         # invariant: a signal counts for a wait only if it arrived by the wait's deadline (store clock), however
         # late this worker looks, and within the run's elapsed budget; the same inputs take the same branch on
         # every worker

@@ -484,3 +484,40 @@ async def test_a_signal_received_before_the_elapsed_budget_ran_out_counts_howeve
     done = await asyncio.wait_for(running, 10)
     assert isinstance(done, Completed) and done.output == ["yes", 0.7, 0.3]
     assert not await replay_problems(store, WorkflowRegistry(definition), "bw1", done.output)
+
+
+@workflow("approval-beside-work")
+async def approval_beside_work(ctx: WorkflowContext, shape: str) -> list[Any]:
+    async def work() -> list[float]:
+        return [await takes(0.4) for _ in range(4)]
+
+    busy = asyncio.ensure_future(work())
+    if shape == "wait_for":
+        try:
+            answer = await asyncio.wait_for(ctx.wait_signal("go"), 0.8)
+        except TimeoutError:
+            answer = "timed out"
+    else:  # a reminder beside the wait
+        waiting = asyncio.ensure_future(ctx.wait_signal("go"))
+        reminder = asyncio.ensure_future(ctx.sleep(timedelta(seconds=0.8)))
+        done, _ = await asyncio.wait({waiting, reminder}, return_when=asyncio.FIRST_COMPLETED)
+        answer = waiting.result() if waiting in done else "reminded"
+        waiting.cancel()
+        reminder.cancel()
+    return [answer, await busy]
+
+
+@pytest.mark.parametrize("shape", ["wait_for", "reminder"])
+async def test_a_signal_received_before_a_timer_racing_its_wait_wins_while_the_run_is_busy(
+        store: Any, shape: str) -> None:
+    """An asyncio timeout around wait_signal, or a reminder sleep beside it, races the wait; a step runs all the
+    while, so the execution reads its inbox only every second. A signal the store received before the timer was
+    due ends the wait first, as when the run was idle: the timer fired first (helper-74)."""
+    definition = WorkflowDefinition(approval_beside_work, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("approval-beside-work", 1, {"shape": shape}, checkpoint_id="ab1"))
+    running = asyncio.ensure_future(worker(store, definition).run_once())  # inbox read at the claim, then +1 s
+    await asyncio.sleep(0.5)
+    await send_signal(store, "ab1", "go", "g1", "yes")  # at about +0.5 s; the timer is due at about +0.8 s
+    done = await asyncio.wait_for(running, 10)
+    assert isinstance(done, Completed) and done.output == ["yes", [0.4] * 4], done
+    assert not await replay_problems(store, WorkflowRegistry(definition), "ab1", done.output)
