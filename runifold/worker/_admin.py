@@ -14,11 +14,13 @@ from runifold.errors import BudgetExceededError, ConfigurationError, InvalidStat
 from runifold.history import (
     Ambiguous,
     Checkpoint,
+    EffectFailed,
     Entry,
     Resolution,
     RunCancelled,
     RunFailed,
     RunRetried,
+    StepFailed,
     decode_event,
     effect_state,
     accept,
@@ -181,4 +183,18 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
         else:
             hint = f"it fails again at once unless the definition your workers register for its version allows more: {more}"
         log.warning("run_retried_over_budget", run_ref=run_ref, reason=last.reason, hint=hint)
+    elif not _attempt_given(history, last.key):
+        # no step or effect failure ended the run: its code failed on what its history holds (a signal's payload
+        # that does not fit, an error of its own), and replays to the same failure unless the code changed
+        log.warning("run_retried_without_a_new_attempt", run_ref=run_ref, reason=last.reason,
+                    hint="no call gets another attempt: the run fails again the same way unless the code your workers "
+                         "run for its version changed (deploy the fix first)")
     return result
+
+
+def _attempt_given(history: list[Entry], key: str) -> bool:
+    """A retry gives ``key`` another attempt: the run ended on a step's or an effect's final failure."""
+    return bool(key) and any(
+        e.event.key == key and (isinstance(e.event, (StepFailed, EffectFailed)) or (
+            isinstance(e.event, EffectResolvedEvent) and e.event.resolution is Resolution.FAIL))
+        for e in history)

@@ -282,3 +282,30 @@ async def test_a_run_waiting_for_a_retry_keeps_the_error_in_its_reason_when_a_wo
     await retry_run(store, "w2", by="ops", reason="more time")
     await worker(store, definition).run_once()
     assert (await store.get_run("w2")).reason == expected
+
+
+@workflow("refuses_itself")
+async def refuses_itself(ctx: WorkflowContext, trip: str) -> str:
+    await book_hotel(trip)
+    raise ValueError(f"{trip} is not a city we serve")
+
+
+async def test_retrying_a_run_that_failed_in_its_own_code_warns_that_no_call_gets_another_attempt(
+        store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A run whose code failed on what its history holds (its own error, a signal payload that does not fit) fails
+    again the same way when retried under the same code: the retry says so (helper-74: it printed `ready`, and the
+    run failed again at once). A run a step's failure ended gets that step's attempt, with no such warning."""
+    definition = WorkflowDefinition(refuses_itself)
+    await _fail(store, definition, "own1")
+    with caplog.at_level("WARNING", logger="runifold.admin"):
+        await retry_run(store, "own1", by="ops", reason="try again")
+    warned = [r for r in caplog.records if r.name == "runifold.admin" and r.levelname == "WARNING"]
+    assert [r.event for r in warned] == ["run_retried_without_a_new_attempt"]  # type: ignore[attr-defined]
+    again = await worker(store, definition).run_once()
+    assert isinstance(again, Failed) and "not a city we serve" in again.reason
+    caplog.clear()
+    step_failed = await _fail(store, WorkflowDefinition(train_trip), "own2")
+    assert step_failed.key == "book_train#1"
+    with caplog.at_level("WARNING", logger="runifold.admin"):
+        await retry_run(store, "own2", by="ops", reason="the railway is back")
+    assert not [r for r in caplog.records if r.name == "runifold.admin" and r.levelname == "WARNING"]
