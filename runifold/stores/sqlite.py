@@ -137,8 +137,8 @@ def _notify_parent(conn: sqlite3.Connection, run_id: str, status: RunStatus, eve
     """Rule 6: a finished child posts its last event to its parent's inbox, waking the parent if it waits for it."""
     if not status.finished or not events:
         return
-    parent = conn.execute(Q["parent_of"], (run_id,)).fetchone()[0]
-    last = events[-1].body.decode()
+    row = conn.execute(Q["parent_of"], (run_id,)).fetchone()
+    parent, last = None if row is None else row[0], events[-1].body.decode()
     if not _rule.child_notice(status, parent, last):
         return
     name = _rule.child_signal(run_id)

@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from runifold import (
+    RunNotFoundError,
     ChildFailedError,
     ConfigurationError,
     InvalidInputError,
@@ -128,6 +129,12 @@ async def reads_a_child_often(ctx: WorkflowContext, amount: int) -> dict[str, An
             "same_run": same[0].run_id == same[1].run_id, "errors": errors}
 
 
+@workflow("leaves-a-child")
+async def leaves_a_child(ctx: WorkflowContext) -> str:
+    child = await ctx.start_child(approved_billing, {"order_id": "left"})
+    return child.run_id
+
+
 @workflow("limited-parent")
 async def limited_parent(ctx: WorkflowContext) -> str:
     return await ctx.run_child(approved_billing, {"order_id": "y"})
@@ -137,7 +144,8 @@ registry = WorkflowRegistry(WorkflowDefinition(billing), WorkflowDefinition(orde
                             WorkflowDefinition(approved_billing, signals={"approve": {"*"}}),
                             WorkflowDefinition(waits_on_a_child, signals={"go": {"alice"}}),
                             WorkflowDefinition(outlives_its_child, signals={"go": {"*"}}),
-                            WorkflowDefinition(shares_a_child), WorkflowDefinition(reads_a_child_often))
+                            WorkflowDefinition(shares_a_child), WorkflowDefinition(reads_a_child_often),
+                            WorkflowDefinition(leaves_a_child))
 
 
 async def run_until(store: Any, ref: str, status: RunStatus, timeout: float = 30) -> Any:
@@ -309,3 +317,22 @@ async def test_no_sender_can_take_a_childs_signal_id_or_name(store: Any) -> None
         WorkflowDefinition(approved_billing, signals={"child:x": {"*"}})
     with pytest.raises(InvalidInputError, match="reserved for the child runs a workflow starts"):
         WorkflowTask("billing", 1, {"order_id": "o", "amount": 1}, checkpoint_id=f"child:{parent.run_id}:x")
+
+
+async def test_a_child_that_finishes_after_its_parent_was_purged_posts_nothing(store: Any) -> None:
+    """A parent that never waits for its child finishes and is purged; the child finishes later. Its end went
+    into a signal row addressed to the purged parent, which no purge ever deleted (helper-73)."""
+    await store.enqueue(WorkflowTask("leaves-a-child", 1, {}, checkpoint_id="lp1"))
+    await run_until(store, "lp1", RunStatus.COMPLETED)
+    parent = (await store.get_run("lp1")).run_id
+    [child] = fold(await entries(store, "lp1")).children.values()
+    await run_until(store, child, RunStatus.WAITING)
+    assert await store.purge_finished(await store.now() + 1) == 1
+    await send_signal(store, child, "approve", "a1")
+    await run_until(store, child, RunStatus.COMPLETED)
+    try:
+        left = await store.inbox(parent)
+    except RunNotFoundError:
+        left = []  # (the memory store keeps no inbox without its run)
+    assert left == []
+    assert await store.purge_finished(await store.now() + 1) == 1  # the child, and nothing is left of either

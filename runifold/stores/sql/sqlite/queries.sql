@@ -153,7 +153,8 @@ SELECT count(*) FROM runs WHERE (?1 IS NULL OR status IN (SELECT value FROM json
   AND (?4 IS NULL OR concurrency_key = ?4) AND (?5 IS NULL OR (status = 'running' AND lease_until > ?5))
 
 -- name: parent_of
-SELECT parent_run_id FROM runs WHERE run_id = ?
+-- the run's parent, if it still exists (a parent purged before its child finished gets nothing)
+SELECT p.run_id FROM runs r JOIN runs p ON p.run_id = r.parent_run_id WHERE r.run_id = ?
 
 -- name: insert_child_signal
 -- a finished child's last event, in its parent's inbox (once: the signal id is the child's)
