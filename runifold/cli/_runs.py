@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -38,9 +40,11 @@ from runifold.stores import UNFINISHED, AuditRecord, RunInfo, RunStatus
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
 from runifold.worker._admin import child_runs
-from runifold.worker._debug import ReplayReport, check_compatibility, replay_run
+from runifold.worker._debug import ReplayReport, compatibility_reports, replay_run
 
 MAX_PAGE = 1_000
+#: runs list's page size unless --limit says otherwise
+_DEFAULT_LIMIT = 50
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,7 +54,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     listing.add_argument("--status", choices=[s.value for s in RunStatus])
     listing.add_argument("--name")
     listing.add_argument("--version", type=version)
-    listing.add_argument("--limit", type=positive_int(MAX_PAGE), default=50, help="runs per page (default 50)")
+    listing.add_argument("--limit", type=positive_int(MAX_PAGE), default=_DEFAULT_LIMIT,
+                         help=f"runs per page (default {_DEFAULT_LIMIT})")
     listing.add_argument("--after", metavar="RUN_ID", help="the page after this run id (the last one of a page)")
     listing.set_defaults(handler=runs_list)
     show = runs_sub.add_parser("show", help="a run's checkpoint: phase, outputs, usage, waits, pending effects, failure")
@@ -122,7 +127,8 @@ async def runs_list(args: argparse.Namespace) -> int:
     which = " ".join(f"--{k} {v}" for k, v in (("status", args.status), ("name", args.name),
                                                ("version", args.version)) if v is not None)
     shown = f"{len(runs)} run(s) shown of {total}{' ' + which if which else ''}, newest first"
-    print(f"{shown}; next page: runifold runs list {which + ' ' if which else ''}--after {more}" if more else shown)
+    page = which + (f" --limit {args.limit}" if args.limit != _DEFAULT_LIMIT else "")  # the same page size again
+    print(f"{shown}; next page: runifold runs list {page + ' ' if page else ''}--after {more}" if more else shown)
     return 0
 
 
@@ -346,24 +352,32 @@ async def replay_cmd(args: argparse.Namespace) -> int:
         raise ArgumentError("--status picks the runs of --all; a RUN is replayed whatever its status (drop --status, "
                             "or replay --all --status ...)")
     store = await store_of(args, readonly=True)
+    checked, diverged, as_json = 0, 0, []
     try:
         if args.all:
-            reports = await check_compatibility(store, registry, name=args.name, statuses=(
-                UNFINISHED if args.status is None else [RunStatus(args.status)]))
+            reports: AsyncIterator[ReplayReport] = compatibility_reports(
+                store, registry, name=args.name, statuses=UNFINISHED if args.status is None else [RunStatus(args.status)])
         else:
-            reports = [await replay_run(store, registry, args.run)]
+            reports = _one(await replay_run(store, registry, args.run))
+        async for report in reports:  # each printed as its run is checked: a large store takes a while
+            checked, diverged = checked + 1, diverged + (not report.clean)
+            if args.json:
+                as_json.append(_report_json(report))
+            else:
+                print(f"replay {report.run_id}")
+                _print_report(report)
+                sys.stdout.flush()
     finally:
         await store.close()
-    diverged = [r for r in reports if not r.clean]
     if args.json:
-        emit_json([_report_json(r) for r in reports])
-    else:
-        for report in reports:
-            print(f"replay {report.run_id}")
-            _print_report(report)
-        if args.all:
-            print(f"{len(reports)} run(s) checked, {len(diverged)} diverged")
+        emit_json(as_json)
+    elif args.all:
+        print(f"{checked} run(s) checked, {diverged} diverged")
     return 1 if diverged else 0
+
+
+async def _one(report: ReplayReport) -> AsyncIterator[ReplayReport]:
+    yield report
 
 
 def _report_json(r: ReplayReport) -> dict[str, Any]:

@@ -10,22 +10,22 @@ compatibility check before a deploy.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any
 
 from runifold.dsl import WorkflowDefinition
-from runifold.errors import InvalidStateError, NondeterminismError
+from runifold.errors import InvalidStateError, NondeterminismError, RunNotFoundError
 from runifold.history import Entry, decode_event
-from runifold.stores import UNFINISHED, RunInfo, RunStatus, WorkflowStore
+from runifold.stores import UNFINISHED, RunStatus, WorkflowStore
 from runifold.stores._protocol import check_listing, listed_statuses
 from runifold.worker._call import ReplayReport
 from runifold.worker._execution import Execution
 from runifold.worker._registry import WorkflowRegistry
 
-#: runs read per page by check_compatibility
+#: runs read per page by compatibility_reports
 _PAGE = 1000
 
-__all__ = ["ReplayReport", "call_returns", "check_compatibility", "replay", "replay_run"]
+__all__ = ["ReplayReport", "call_returns", "check_compatibility", "compatibility_reports", "replay", "replay_run"]
 
 
 
@@ -70,7 +70,7 @@ async def replay_run(store: WorkflowStore, registry: WorkflowRegistry, run_ref: 
 
 
 async def check_compatibility(
-    store: WorkflowStore, registry: WorkflowRegistry, *, name: str | None = None, limit: int = 100_000,
+    store: WorkflowStore, registry: WorkflowRegistry, *, name: str | None = None, limit: int | None = None,
     statuses: Collection[RunStatus] = UNFINISHED,
 ) -> list[ReplayReport]:
     """Replay every unfinished run (of ``name``, or of every workflow) against today's code.
@@ -80,34 +80,54 @@ async def check_compatibility(
     checked, whatever its name: a run whose ``(name, version)`` the registry
     does not hold is reported as diverging at ``(definition)``, since no worker
     with this registry could continue it. ``statuses`` picks other runs instead
-    (``{RunStatus.COMPLETED}``: do finished runs replay exactly against this code?),
-    at most ``limit`` runs.
-
-    Workers may run meanwhile: the store's runs of ``statuses`` are read once, a page at a time in run-id order
-    (the store filters: finished runs are not read for the default statuses), so a run that changes status while the check reads is checked once (listing status by
-    status missed a run that moved to a status already listed, and counted twice one that moved ahead).
+    (``{RunStatus.COMPLETED}``: do finished runs replay exactly against this code?);
+    ``limit`` checks at most that many (the newest), None every one. See
+    :func:`compatibility_reports` for the same check one report at a time.
     """
-    limit = check_listing(name=name, limit=limit, status=statuses)
-    wanted = frozenset(RunStatus(s) for s in listed_statuses(statuses) or ())
-    chosen: list[RunInfo] = []
-    after = None
-    while len(chosen) < limit:
-        # (the store filters by status, so the pages hold only runs of ``statuses``: finished runs are not read)
-        page = await store.list_runs(status=wanted, name=name, limit=_PAGE, after=after)
-        chosen.extend(info for info in page if info.status in wanted)
-        if len(page) < _PAGE:
+    if limit is not None:
+        check_listing(limit=limit)
+    reports: list[ReplayReport] = []
+    if limit == 0:
+        return reports
+    async for report in compatibility_reports(store, registry, name=name, statuses=statuses):
+        reports.append(report)
+        if limit is not None and len(reports) >= limit:
             break
-        after = page[-1].run_id
-    reports = []
-    for info in chosen[:limit]:
-        if registry.get(info.name, info.version) is None:
-            report = ReplayReport(info.run_id)
-            registered = ", ".join(f"{n} v{v}" for n, v in registry.versions()) or "none"
-            report.divergence = NondeterminismError(
-                "(definition)", f"a run of {info.name} v{info.version}", f"a registry of {registered}",
-                "no worker with this code can continue it: keep that version registered until its runs finish",
-            )
-            reports.append(report)
-            continue
-        reports.append(await replay_run(store, registry, info.run_id))
     return reports
+
+
+async def compatibility_reports(
+    store: WorkflowStore, registry: WorkflowRegistry, *, name: str | None = None,
+    statuses: Collection[RunStatus] = UNFINISHED,
+) -> AsyncIterator[ReplayReport]:
+    """:func:`check_compatibility`'s reports, each as soon as its run is replayed, newest run first.
+
+    Workers may run meanwhile: the store's runs of ``statuses`` are read a page at a time, newest first and each
+    page older than the last (the store filters: finished runs are not read for the default statuses), so a run
+    that changes status while the check reads is checked once (listing status by status missed a run that moved
+    to a status already listed, and counted twice one that moved ahead). A run purged meanwhile is left out.
+    """
+    check_listing(name=name, status=statuses)
+    wanted = frozenset(RunStatus(s) for s in listed_statuses(statuses) or ())
+    after = None
+    while True:
+        page = await store.list_runs(status=wanted, name=name, limit=_PAGE, after=after)
+        for info in page:
+            if info.status not in wanted:
+                continue  # (a store that does not filter)
+            if registry.get(info.name, info.version) is None:
+                report = ReplayReport(info.run_id)
+                registered = ", ".join(f"{n} v{v}" for n, v in registry.versions()) or "none"
+                report.divergence = NondeterminismError(
+                    "(definition)", f"a run of {info.name} v{info.version}", f"a registry of {registered}",
+                    "no worker with this code can continue it: keep that version registered until its runs finish",
+                )
+                yield report
+                continue
+            try:
+                yield await replay_run(store, registry, info.run_id)
+            except RunNotFoundError:
+                continue  # purged since it was listed: nothing is left to continue
+        if len(page) < _PAGE:
+            return
+        after = page[-1].run_id

@@ -205,18 +205,21 @@ async def test_runs_list_pages_with_a_total_and_times(cli: Cli) -> None:
     expected = [r["run_id"] for r in everything["runs"]]
     assert [r["checkpoint_id"] for r in everything["runs"]] == [f"r{i}" for i in reversed(range(7))]
     seen: list[str] = []
+    sizes: list[int] = []
     args = ["runs", "list", "--limit", "3"]
     while True:
         page = cli(*args)
         assert page.returncode == 0
         rows = [line.split()[0] for line in page.stdout.splitlines()[2:-1]]
         seen += rows
+        sizes.append(len(rows))
         footer = page.stdout.splitlines()[-1]
         assert footer.startswith(f"{len(rows)} run(s) shown of 7")
         if "next page" not in footer:
             break
         args = footer.split("next page: runifold ")[1].split()
     assert seen == expected
+    assert sizes == [3, 3, 1]  # the hint keeps --limit (helper-73: the next pages were of 50)
     # a full last page offers no next page; --after takes a run id only
     full = json.loads(cli("runs", "list", "--limit", "7", "--json").stdout)
     assert len(full["runs"]) == 7 and full["next_after"] is None

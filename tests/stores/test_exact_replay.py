@@ -1152,6 +1152,25 @@ async def test_replay_all_reads_only_the_runs_it_checks(store: Any) -> None:
     assert len(finished) == 3 and all(r.clean for r in finished) and read == [RunStatus.COMPLETED] * 3
 
 
+async def test_replay_all_checks_every_unfinished_run_page_after_page(store: Any, monkeypatch: Any) -> None:
+    """The check before a deploy has no cap: it read at most 100,000 runs and said nothing, so a diverging run
+    older than a backlog of 100,000 ready ones passed (helper-73). Here pages of 2 stand for pages of 1,000;
+    ``limit`` still checks only the newest ones, and the reports come one at a time."""
+    from runifold.worker import _debug, compatibility_reports
+
+    monkeypatch.setattr(_debug, "_PAGE", 2)
+    definition = WorkflowDefinition(waits_long, signals={"go": {"*"}})
+    ids = [(await store.enqueue(WorkflowTask("waits-long", 1, {"days": 1}, checkpoint_id=f"pg{i}"))).run_id
+           for i in range(5)]
+    reports = await check_compatibility(store, WorkflowRegistry(definition))
+    assert [r.run_id for r in reports] == sorted(ids, reverse=True) and all(r.clean for r in reports)
+    assert [r.run_id for r in await check_compatibility(store, WorkflowRegistry(definition), limit=3)] == \
+        sorted(ids, reverse=True)[:3]
+    assert await check_compatibility(store, WorkflowRegistry(definition), limit=0) == []
+    streamed = [r.run_id async for r in compatibility_reports(store, WorkflowRegistry(definition))]
+    assert streamed == sorted(ids, reverse=True)
+
+
 @workflow("takes-days")
 async def takes_days(ctx: WorkflowContext, days: str) -> str:
     return days

@@ -60,7 +60,7 @@ def test_public_api_is_pinned() -> None:
         "StepFailedError", "StoreError", "StoreUnavailableError", "Supervisor", "SuspendReason", "Suspended",
         "UnknownWorkflowError", "Usage", "WaitTimeoutError", "WorkerId", "WorkflowContext",
         "WorkflowDefinition", "WorkflowError", "WorkflowRegistry", "WorkflowStore", "WorkflowTask",
-        "WorkflowWorker", "cancel_run", "check_compatibility", "connect", "effect", "open_store", "replay_run", "resolve_effect", "retry_run", "sign", "step", "workflow",
+        "WorkflowWorker", "cancel_run", "check_compatibility", "compatibility_reports", "connect", "effect", "open_store", "replay_run", "resolve_effect", "retry_run", "sign", "step", "workflow",
     ])
     for name in runifold.__all__:
         assert hasattr(runifold, name), name
