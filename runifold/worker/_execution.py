@@ -661,6 +661,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
     async def _finish_failed(self, failure: tuple[str, BaseException | None, str] | None) -> Outcome:
         assert failure is not None
         reason, exc, key = failure
+        doubtful = self._park_in_doubt(reason)
+        if doubtful:  # (parked, not failed: see _park_in_doubt)
+            return await self._suspend(doubtful)
         reason = recordable(reason)
         error_type = "" if exc is None else type_name(exc)
         tb = "" if exc is None or exc.__traceback__ is None else traceback_of(exc)

@@ -455,6 +455,19 @@ class LiveProgress:
             case _ as unreachable:
                 assert_never(unreachable)
 
+    def _park_in_doubt(self, failing: str) -> list[Call]:
+        """Park every effect whose outcome is unknown, as the run is about to fail for ``failing``; return them.
+
+        invariant: a run never fails while an effect's outcome is unknown (whatever fails it: a sibling's budget,
+        the recovery budget, a capability a deploy withdrew): the effect is parked, and once an operator settles
+        it the run fails again, unless what failed it changed.
+        """
+        doubtful = [c for c in self._open if c.kind is CallKind.EFFECT and c.parked is None and not c.busy
+                    and not c.future.done() and (c.in_doubt or c.unknown)]
+        for call in doubtful:
+            self._park(call, f"its outcome is unknown and the run cannot go on ({failing}): settle it")
+        return doubtful
+
     def _park(self, call: Call, reason: str, events: Sequence[AnyEvent] = ()) -> None:
         self.log.warning("effect_ambiguous", key=call.key, reason=reason)
         self._record_effect(*events, EffectAmbiguous(key=call.key, reason=reason))
@@ -742,6 +755,8 @@ class LiveProgress:
                            [EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail)])
                 return
             if not self._retry_allowed(call):
+                # (known not applied: nothing of it is in doubt, so the budget fails the run)
+                call.in_doubt = call.unknown = False
                 self._record_effect(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail))
                 return
             # after a crash the next attempt runs at once; after an unknown outcome here, it backs off

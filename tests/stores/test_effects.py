@@ -41,6 +41,7 @@ from runifold import (
     workflow,
 )
 from runifold.history import EffectStarted, fold
+from runifold.stores import Continue, EventRow
 from tests.support import entries, event_types, worker
 
 calls: Counter[str] = Counter()
@@ -324,6 +325,53 @@ async def test_a_repeat_after_a_crash_past_the_runs_elapsed_budget_is_parked_not
     assert "budget exceeded: elapsed seconds ran out" in outcome.detail and calls["blocks"] == 1
 
 
+@step()
+async def counted(i: int) -> int:
+    calls["counted"] += 1
+    return i
+
+
+@workflow("spends-beside-an-unknown")
+async def spends_beside_an_unknown(ctx: WorkflowContext) -> list[Any]:
+    async def steps() -> list[int]:
+        return [await counted(i) for i in range(3)]
+
+    return list(await asyncio.gather(never_sure_later(), steps()))
+
+
+async def test_a_run_a_siblings_budget_fails_parks_an_effect_in_doubt_first(store: Any) -> None:
+    """A REPEAT effect waits to try again after an unknown outcome while another branch's step exceeds max_steps:
+    the run does not fail with the effect in doubt; it parks it, and once an operator settles it, the budget fails
+    the run (helper-75: it failed at once)."""
+    definition = WorkflowDefinition(spends_beside_an_unknown, Budget(max_steps=2))
+    await store.enqueue(WorkflowTask("spends-beside-an-unknown", 1, {}, checkpoint_id="sb1"))
+    outcome = await worker(store, definition).run_once()
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert "its outcome is unknown and the run cannot go on (budget exceeded: steps would reach 3" in outcome.detail
+    await resolve_effect(store, WorkflowRegistry(definition), "sb1", "1/never_sure_later#1", Resolution.APPLIED,
+                         by="ops", reason="the provider confirms it", output="charged")
+    failed = await worker(store, definition).run_once()
+    assert isinstance(failed, Failed) and "steps would reach 3" in failed.reason, failed
+    assert calls["never_sure_later"] == 1 and calls["counted"] == 2
+
+
+async def test_a_takeover_over_the_recovery_budget_parks_an_effect_in_doubt_first(store: Any) -> None:
+    """The recovery budget is spent at a takeover while an effect's attempt is in doubt (its worker died in it):
+    the effect is parked, not the run failed (helper-75)."""
+    definition = WorkflowDefinition(blocked_payment, Budget(max_recoveries=1))
+    await store.enqueue(WorkflowTask("blocked-payment", 1, {}, checkpoint_id="rb1"))
+    first = await store.claim("w0", {"blocked-payment"}, 0.1)
+    await store.commit(first.lease, 1, [EventRow.of(EffectStarted(
+        key="blocks#1", idempotency_key=f"{first.run_id}:blocks#1", attempt=1))], Continue())
+    await asyncio.sleep(0.15)
+    assert (await store.claim("w1", {"blocked-payment"}, 0.1)).recoveries == 1  # (a worker that died at once)
+    await asyncio.sleep(0.15)
+    outcome = await worker(store, definition).run_once()  # the second takeover: over the budget
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert "recoveries would reach 2" in outcome.detail and calls["blocks"] == 0
+    assert (await store.get_run("rb1")).status is RunStatus.PARKED
+
+
 async def test_a_run_failed_with_an_effect_in_doubt_and_retried_parks_it_when_the_budget_refuses(
         store: Any) -> None:
     """A run an older release failed on its effect-attempt budget with the effect's outcome unknown (history:
@@ -331,7 +379,7 @@ async def test_a_run_failed_with_an_effect_in_doubt_and_retried_parks_it_when_th
     outcome is still unknown) instead of failing the run again (helper-72)."""
     from runifold import retry_run
     from runifold.history import EffectStarted, EffectUnknown, RunFailed
-    from runifold.stores import EventRow, Finish
+    from runifold.stores import Finish
 
     definition = WorkflowDefinition(never_sure_flow, Budget(max_effect_attempts=1))
     await store.enqueue(WorkflowTask("never-sure", 1, {}, checkpoint_id="old1"))
