@@ -336,3 +336,34 @@ async def test_a_child_that_finishes_after_its_parent_was_purged_posts_nothing(s
         left = []  # (the memory store keeps no inbox without its run)
     assert left == []
     assert await store.purge_finished(await store.now() + 1) == 1  # the child, and nothing is left of either
+
+
+async def test_a_child_finishing_while_its_parents_purge_is_in_flight_posts_nothing(store: Any) -> None:
+    """PostgreSQL: the purge of the parent is in a transaction not yet committed when the child finishes. The
+    child's commit waits for it and then finds no parent; it read the parent as still there and left a row no
+    purge deleted (helper-75). (SQLite has one writer, the memory store one loop: no such moment.)"""
+    from runifold.stores.postgres import PostgresWorkflowStore
+    from tests.conftest import require_postgres
+
+    if not isinstance(store, PostgresWorkflowStore):
+        pytest.skip("a race between two PostgreSQL transactions")
+    import asyncpg  # type: ignore[import-untyped]
+
+    await store.enqueue(WorkflowTask("leaves-a-child", 1, {}, checkpoint_id="lp2"))
+    await run_until(store, "lp2", RunStatus.COMPLETED)
+    parent = (await store.get_run("lp2")).run_id
+    [child] = fold(await entries(store, "lp2")).children.values()
+    await run_until(store, child, RunStatus.WAITING)
+    purging = await asyncpg.connect(require_postgres())
+    try:
+        transaction = purging.transaction()
+        await transaction.start()
+        assert await purging.fetchval("SELECT runifold_purge_finished($1, $2)", await store.now() + 1, 1000) == 1
+        await send_signal(store, child, "approve", "a1")
+        finishing = asyncio.ensure_future(run_until(store, child, RunStatus.COMPLETED))
+        await asyncio.sleep(0.5)  # the child's commit waits for the purge
+        await transaction.commit()
+        await finishing
+    finally:
+        await purging.close()
+    assert await store.inbox(parent) == []

@@ -7,8 +7,11 @@ DECLARE
     v_parent text;
     v_name text := 'child:' || p_run;
 BEGIN
+    -- (FOR KEY SHARE: a purge of the parent in flight is waited for, and then finds no parent; a parent's own
+    -- commits, which update no key, are not)
     SELECT p.run_id INTO v_parent
-    FROM runifold_runs r JOIN runifold_runs p ON p.run_id = r.parent_run_id WHERE r.run_id = p_run;
+    FROM runifold_runs r JOIN runifold_runs p ON p.run_id = r.parent_run_id WHERE r.run_id = p_run
+    FOR KEY SHARE OF p;
     IF v_parent IS NULL OR p_body IS NULL THEN
         RETURN false;
     END IF;
