@@ -372,6 +372,30 @@ async def test_a_takeover_over_the_recovery_budget_parks_an_effect_in_doubt_firs
     assert (await store.get_run("rb1")).status is RunStatus.PARKED
 
 
+@effect(resume=ResumePolicy.REPEAT, requires="bank")
+async def wires(key: str) -> str:
+    calls["wires"] += 1
+    return "wired"
+
+
+@workflow("wires-money")
+async def wires_money(ctx: WorkflowContext) -> str:
+    return await wires()
+
+
+async def test_an_effect_in_doubt_whose_capability_a_deploy_withdrew_is_parked_not_failed(store: Any) -> None:
+    """A worker stopped in the middle of an effect; the next deploy's definition lacks the capability it requires.
+    Its attempt's outcome is unknown, so it is parked, not the run failed (the rule of _park_in_doubt)."""
+    await store.enqueue(WorkflowTask("wires-money", 1, {}, checkpoint_id="cw1"))
+    claim = await store.claim("w0", {"wires-money"}, 30.0)
+    await store.commit(claim.lease, 1, [EventRow.of(EffectStarted(
+        key="wires#1", idempotency_key=f"{claim.run_id}:wires#1", attempt=1))], Continue())
+    await store.release(claim.lease)  # the worker stopped mid-attempt
+    outcome = await worker(store, WorkflowDefinition(wires_money)).run_once()  # no CapabilitySet("bank")
+    assert isinstance(outcome, Suspended) and outcome.reason is SuspendReason.AMBIGUOUS, outcome
+    assert "requires capability 'bank'" in outcome.detail and calls["wires"] == 0
+
+
 async def test_a_run_failed_with_an_effect_in_doubt_and_retried_parks_it_when_the_budget_refuses(
         store: Any) -> None:
     """A run an older release failed on its effect-attempt budget with the effect's outcome unknown (history:
