@@ -35,9 +35,11 @@ from runifold.history._events import (
 
 @dataclass(frozen=True)
 class Fresh:
-    """Nothing decided yet: run the call live as ``attempt``."""
+    """Nothing decided yet: run the call live as ``attempt``; ``unknown``: an operator chose to run an ambiguous
+    effect again, so the outcome before this attempt is unknown."""
 
     attempt: int = 1
+    unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,13 @@ class Failed:
 
 @dataclass(frozen=True)
 class RetryDue:
-    """A failed attempt was rescheduled; the next attempt may run from ``retry_at``."""
+    """A failed attempt was rescheduled; the next attempt may run from ``retry_at``. ``error``: why the attempt
+    before failed; ``unknown``: that attempt's outcome is unknown (an effect's)."""
 
     attempt: int
     retry_at: float
+    error: str = ""
+    unknown: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,8 +102,8 @@ def step_state(events: Sequence[AnyEvent]) -> StepState:
                 state = Done(output)
             case StepFailed(error=error, attempt=attempt, retry_at=None):
                 state = Failed(error, attempt)
-            case StepFailed(attempt=attempt, retry_at=float() as retry_at):
-                state = RetryDue(attempt + 1, retry_at)
+            case StepFailed(error=error, attempt=attempt, retry_at=float() as retry_at):
+                state = RetryDue(attempt + 1, retry_at, error)
             case RunRetried() if isinstance(state, Failed):
                 state = Fresh(state.attempts + 1)  # an operator gave the failed call another attempt
             case CallCancelled():
@@ -106,6 +111,11 @@ def step_state(events: Sequence[AnyEvent]) -> StepState:
             case _:
                 pass
     return state
+
+
+def not_applied(detail: str) -> str:
+    """Why an effect's attempt is tried again after ``reconcile`` found it not applied (a retry's error)."""
+    return f"reconciled as not applied: {detail}"
 
 
 def effect_attempts(events: Sequence[AnyEvent]) -> tuple[str | None, int]:
@@ -128,18 +138,18 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
                 state = Done(output)
             case EffectFailed(error=error, attempt=a, retry_at=None):
                 state = Failed(error, a)
-            case EffectFailed(attempt=a, retry_at=float() as retry_at):
-                state = RetryDue(a + 1, retry_at)
+            case EffectFailed(error=error, attempt=a, retry_at=float() as retry_at):
+                state = RetryDue(a + 1, retry_at, error)
             case EffectUnknown(attempt=a, retry_at=None):
                 state = InDoubt(a, idempotency_key)
-            case EffectUnknown(attempt=a, retry_at=float() as retry_at):
-                state = RetryDue(a + 1, retry_at)
+            case EffectUnknown(error=error, attempt=a, retry_at=float() as retry_at):
+                state = RetryDue(a + 1, retry_at, error, unknown=True)
             case EffectReconciled(verdict=Verdict.APPLIED, output=output):
                 state = Done(output)
             case EffectReconciled(verdict=Verdict.NOT_APPLIED, retry_at=None):
                 state = Fresh(attempt + 1)
-            case EffectReconciled(verdict=Verdict.NOT_APPLIED, retry_at=float() as retry_at):
-                state = RetryDue(attempt + 1, retry_at)
+            case EffectReconciled(verdict=Verdict.NOT_APPLIED, detail=detail, retry_at=float() as retry_at):
+                state = RetryDue(attempt + 1, retry_at, not_applied(detail))
             case EffectReconciled(verdict=Verdict.UNKNOWN):
                 pass  # an EffectAmbiguous follows in the same commit
             case EffectAmbiguous(reason=reason):
@@ -149,7 +159,7 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
                     case Resolution.APPLIED:
                         state = Done(output)
                     case Resolution.RETRY:
-                        state = Fresh(attempt + 1)
+                        state = Fresh(attempt + 1, unknown=True)
                     case Resolution.FAIL:
                         state = Failed(f"resolved as failed by an operator: {reason}", attempt)
                     case _ as unreachable:

@@ -14,17 +14,18 @@ from runifold.errors import BudgetExceededError, ConfigurationError, InvalidStat
 from runifold.history import (
     Ambiguous,
     Checkpoint,
-    EffectFailed,
+    EffectStarted,
     Entry,
+    Failed,
     Resolution,
     RunCancelled,
     RunFailed,
     RunRetried,
-    StepFailed,
     decode_event,
     effect_state,
     accept,
     fold,
+    step_state,
 )
 from runifold.history import EffectResolved as EffectResolvedEvent
 from runifold.stores import UNFINISHED, CommitResult, EventRow, RunInfo, RunStatus, WorkflowStore
@@ -193,8 +194,8 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
 
 
 def _attempt_given(history: list[Entry], key: str) -> bool:
-    """A retry gives ``key`` another attempt: the run ended on a step's or an effect's final failure."""
-    return bool(key) and any(
-        e.event.key == key and (isinstance(e.event, (StepFailed, EffectFailed)) or (
-            isinstance(e.event, EffectResolvedEvent) and e.event.resolution is Resolution.FAIL))
-        for e in history)
+    """A retry gives ``key`` another attempt: the run ended on a step's or an effect's final failure (its state is
+    ``Failed``, which ``run_retried`` turns into a fresh attempt)."""
+    events = [e.event for e in history if key and e.event.key == key]
+    effect = any(isinstance(e, EffectStarted) for e in events)
+    return isinstance(effect_state(events) if effect else step_state(events), Failed)

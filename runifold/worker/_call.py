@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import EffectFailedError, NondeterminismError, StepFailedError
-from runifold.history import (
-    CHILD_SIGNAL_PREFIX,
-    CallKind,
-    EffectFailed,
-    EffectReconciled,
-    EffectResolved,
-    EffectUnknown,
-    Resolution,
-    StepFailed,
-)
+from runifold.history import CHILD_SIGNAL_PREFIX, CallKind
 from runifold.stores import Lease, WorkflowStore
 
 
@@ -101,33 +92,6 @@ class Live:
     renewed_at: float
     #: the store's clock when this process can read it directly (the memory store), else None
     local_clock: Callable[[], float] | None = None
-
-
-def last_outcome(events: Sequence[Any]) -> Any:
-    """The call's last event that says how an attempt ended (failed, unknown, reconciled) or what an operator
-    decided (resolved), or None: an operator's ``run_retried``, or the ``run_failed`` before it, may come after."""
-    for event in reversed(events):
-        if isinstance(event, (StepFailed, EffectFailed, EffectUnknown, EffectReconciled, EffectResolved)):
-            return event
-    return None
-
-
-def retry_error(events: Sequence[Any]) -> str:
-    """Why the attempt before a retry failed (``Call.error``), from the call's events."""
-    last = last_outcome(events)
-    if isinstance(last, EffectReconciled):
-        return f"reconciled as not applied: {last.detail}"
-    if isinstance(last, (StepFailed, EffectFailed, EffectUnknown)):
-        return last.error
-    return ""
-
-
-def outcome_unknown(events: Sequence[Any]) -> bool:
-    """An effect's next attempt follows one whose outcome nobody knows (``Call.unknown``): the last attempt ended
-    unknown, or an operator chose to run an ambiguous effect again."""
-    last = last_outcome(events)
-    return isinstance(last, EffectUnknown) or (isinstance(last, EffectResolved)
-                                               and last.resolution is Resolution.RETRY)
 
 
 def why(call: Call) -> str:

@@ -56,12 +56,13 @@ from runifold.history import (
     Verdict,
     accept,
     convert,
+    not_applied,
     record,
     to_plain,
 )
 from runifold.stores import EnqueueResult, InboxSignal, WorkflowTask
 from runifold.worker._bodies import body_outcome, is_async, run_body
-from runifold.worker._call import Call, Live, Usage, retry_error
+from runifold.worker._call import Call, Live, Usage
 from runifold.worker._loop import WorkflowLoop
 
 #: the call key on log lines of a body (structlog's context-local field ``key``)
@@ -762,11 +763,10 @@ class LiveProgress:
             # after a crash the next attempt runs at once; after an unknown outcome here, it backs off
             retry_at = None if call.recovering else self.store_time() + spec.retry.backoff(attempt + 1)
             self.usage.retries += 1
-            reconciled = EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail,
-                                          retry_at=retry_at)
-            self._record_effect(reconciled)
+            self._record_effect(EffectReconciled(key=key, verdict=Verdict.NOT_APPLIED, detail=evidence.detail,
+                                                 retry_at=retry_at))
             call.in_doubt, call.recovering, call.attempt, call.due = False, False, attempt + 1, retry_at
-            call.error = retry_error([reconciled])
+            call.error = not_applied(evidence.detail)
         else:
             self._park(call, f"reconcile found no evidence either way: {evidence.detail}",
                        [EffectReconciled(key=key, verdict=Verdict.UNKNOWN, detail=evidence.detail)])

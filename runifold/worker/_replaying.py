@@ -61,7 +61,7 @@ from runifold.history import (
     timer_state,
     wait_state,
 )
-from runifold.worker._call import Call, Live, ReplayReport, outcome_unknown, retry_error
+from runifold.worker._call import Call, Live, ReplayReport
 
 #: the kinds of call that, with no history, start fresh and progress live
 _FRESH_OPEN = frozenset({CallKind.STEP, CallKind.EFFECT})
@@ -109,8 +109,8 @@ class Replaying:
                 match state:
                     case Done() | Failed() | Cancelled():
                         return False
-                    case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events)
+                    case RetryDue(attempt=attempt, retry_at=retry_at, error=error):
+                        call.attempt, call.due, call.error = attempt, retry_at, error
                     case Fresh(attempt=attempt):
                         call.attempt = attempt
                     case _ as unreachable:
@@ -124,12 +124,10 @@ class Replaying:
                         call.parked, call.attempt = reason, attempt
                     case InDoubt(attempt=attempt):
                         call.in_doubt, call.recovering, call.attempt = True, True, attempt
-                    case RetryDue(attempt=attempt, retry_at=retry_at):
-                        call.attempt, call.due, call.error = attempt, retry_at, retry_error(events)
-                        call.unknown = outcome_unknown(events)
-                    case Fresh(attempt=attempt):
-                        # (an operator's RETRY of an ambiguous effect: its outcome is unknown until it runs again)
-                        call.attempt, call.unknown = attempt, outcome_unknown(events)
+                    case RetryDue(attempt=attempt, retry_at=retry_at, error=error, unknown=unknown):
+                        call.attempt, call.due, call.error, call.unknown = attempt, retry_at, error, unknown
+                    case Fresh(attempt=attempt, unknown=unknown):
+                        call.attempt, call.unknown = attempt, unknown
                     case _ as unreachable:
                         assert_never(unreachable)
             case CallKind.TIMER:
