@@ -82,7 +82,7 @@ class SignalGateway:
                 )
             if not definition.allows_signal(envelope.name, envelope.sender):
                 raise SignalRejectedError(
-                    "out_of_scope", f"sender {envelope.sender!r} may not send {envelope.name!r} to {run.name!r}"
+                    "out_of_scope", f"sender {envelope.sender!r} may not send {envelope.name!r} to workflow {run.name!r} v{run.version}"
                 )
         except SignalRejectedError as exc:
             await self._reject(envelope, run, exc)

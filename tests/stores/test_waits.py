@@ -192,10 +192,19 @@ async def test_tampered_and_unauthorised_signals_change_nothing(store: Any) -> N
         "unknown signal name": envelope("o1", "s9", now, name="cancel"),
     }
     before = {ref: (await store.get_run(ref), await store.history(ref)) for ref in ("o1", "o2")}
+    verdicts: dict[str, str] = {}
     for label, env in corpus.items():
-        with pytest.raises(SignalRejectedError):
+        with pytest.raises(SignalRejectedError) as caught:
             await gateway(store, ring).send(env)
+        verdicts[label] = caught.value.verdict
         assert {ref: (await store.get_run(ref), await store.history(ref)) for ref in ("o1", "o2")} == before, label
+        if label == "out of scope":  # the refusal names the workflow and version whose declaration refused it
+            assert "may not send 'approval' to workflow 'approval' v1" in str(caught.value)
+    assert verdicts == {
+        **{label: "bad_signature" for label in corpus if label.startswith("tampered") or label == "wrong key"},
+        "forged sender": "wrong_sender", "expired": "stale", "future-dated": "future", "revoked key": "revoked_key",
+        "unknown key": "unknown_key", "out of scope": "out_of_scope", "unknown signal name": "unknown_signal",
+    }
     audit = await store.audit("o1") + await store.audit("o2")
     assert len(audit) == len(corpus) and all(a.verdict.startswith("rejected:") for a in audit)
     assert all("secret" not in msgspec.json.encode(a).decode() for a in audit)
