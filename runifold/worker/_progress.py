@@ -457,17 +457,18 @@ class LiveProgress:
                 assert_never(unreachable)
 
     def _park_in_doubt(self, failing: str) -> list[Call]:
-        """Park every effect whose outcome is unknown, as the run is about to fail for ``failing``; return them.
+        """Park every effect whose outcome is unknown, as the run is about to fail for ``failing``; return every
+        effect parked, these and those parked already.
 
-        invariant: a run never fails while an effect's outcome is unknown (whatever fails it: a sibling's budget,
-        the recovery budget, a capability a deploy withdrew): the effect is parked, and once an operator settles
-        it the run fails again, unless what failed it changed.
+        invariant: a run never fails while an effect's outcome is unknown (whatever fails it: a sibling's budget
+        or failure, the recovery budget, a capability a deploy withdrew): the effect is parked, or stays parked,
+        and once an operator settles it the run fails again, unless what failed it changed.
         """
         doubtful = [c for c in self._open if c.kind is CallKind.EFFECT and c.parked is None and not c.busy
                     and not c.future.done() and (c.in_doubt or c.unknown)]
         for call in doubtful:
             self._park(call, f"its outcome is unknown and the run cannot go on ({failing}): settle it")
-        return doubtful
+        return [c for c in self._open if c.kind is CallKind.EFFECT and c.parked is not None]
 
     def _park(self, call: Call, reason: str, events: Sequence[AnyEvent] = ()) -> None:
         self.log.warning("effect_ambiguous", key=call.key, reason=reason)
