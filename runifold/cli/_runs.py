@@ -325,18 +325,29 @@ async def history_cmd(args: argparse.Namespace) -> int:
 def _print_report(report: ReplayReport) -> None:
     for key, what in report.steps:
         print(f"  {printable(key):<32} {printable(what)}")
+    print(printable(verdict(report)))
+
+
+def verdict(report: ReplayReport) -> str:
+    """The replay's verdict in one line, as ``runifold replay`` prints it (and the web view shows it)."""
     if report.divergence is not None:
         d = report.divergence
-        print(printable(f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}"))
-    elif report.cancelled:
-        where = f"; its code waited at {printable(str(report.stopped_at))}" if report.stopped_at else ""
-        print(printable(f"clean: code and history agree up to the run's cancellation ({report.error}{where})"))
-    elif report.finished and report.error is not None:
-        print(printable(f"clean: code and history agree to the end (the workflow failed: {report.error})"))
-    elif report.finished:
-        print(f"clean: code and history agree to the end (result {compact(report.result)})")
-    else:
-        print(f"clean: code and history agree as far as the history goes (stops at {printable(str(report.stopped_at))})")
+        return f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}"
+    if report.cancelled:
+        where = f"; its code waited at {report.stopped_at}" if report.stopped_at else ""
+        return f"clean: code and history agree up to the run's cancellation ({report.error}{where})"
+    if report.finished and report.error is not None:
+        return f"clean: code and history agree to the end (the workflow failed: {report.error})"
+    if report.finished:
+        return f"clean: code and history agree to the end (result {compact(report.result)})"
+    if report.ended and report.error is not None:
+        return f"clean: code and history agree as far as the history goes (then the workflow raises {report.error})"
+    if report.ended:
+        return f"clean: code and history agree as far as the history goes (then the workflow returns {compact(report.result)})"
+    if report.stopped_at is not None:
+        return f"clean: code and history agree as far as the history goes (stops at {report.stopped_at})"
+    return ("clean: code and history agree as far as the history goes (then the workflow waits on something that is "
+            "not a runifold call)")
 
 
 async def replay_cmd(args: argparse.Namespace) -> int:
@@ -369,6 +380,11 @@ async def replay_cmd(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
     finally:
         await store.close()
+    if args.all and args.name is not None and not checked and args.name not in registry.names():
+        # (a check that found nothing to check under a name nobody knows: a typo, which must not pass a deploy)
+        registered = ", ".join(sorted(registry.names())) or "none"
+        raise ArgumentError(f"no run of a workflow named {args.name!r}, and the --app registry holds no such workflow "
+                            f"(it holds: {registered}); check the name")
     if args.json:
         emit_json(as_json)
     elif args.all:
@@ -381,7 +397,8 @@ async def _one(report: ReplayReport) -> AsyncIterator[ReplayReport]:
 
 
 def _report_json(r: ReplayReport) -> dict[str, Any]:
-    return {"run_id": r.run_id, "clean": r.clean, "finished": r.finished, "cancelled": r.cancelled,
+    return {"run_id": r.run_id, "clean": r.clean, "verdict": verdict(r), "finished": r.finished, "ended": r.ended,
+            "cancelled": r.cancelled,
             "stopped_at": r.stopped_at, "workflow_error": r.error,
             "steps": r.steps, "divergence": None if r.divergence is None else {
                 "key": r.divergence.key, "recorded": r.divergence.recorded, "called": r.divergence.called}}

@@ -216,7 +216,7 @@ class Replayer:
             return []
         if recorded_kind is not None and recorded_kind is not kind:
             raise NondeterminismError(
-                key, recorded=f"a {recorded_kind} call", called=f"a {kind} call"
+                key, recorded=f"{_a(recorded_kind)} call", called=f"{_a(kind)} call"
             )
         queue = self._scope_queue.get(scope_of(key))
         while queue and queue[0] in self._visited:
@@ -272,6 +272,12 @@ class Replayer:
             key, recorded=f"{self._kind[key]} call {key}", called=called,
             detail=_moved(key, made) if made else "a call was removed or renamed, or the code took another path",
         )
+
+
+def _a(kind: object) -> str:
+    """``kind`` with its article: "a step", "an effect"."""
+    text = str(kind)
+    return f"an {text}" if text[:1] in "aeiou" else f"a {text}"
 
 
 def _in_another_task(key: str, keys: Iterable[str]) -> str | None:

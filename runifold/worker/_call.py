@@ -65,6 +65,9 @@ class ReplayReport:
     divergence: NondeterminismError | None = None
     #: an operator cancelled the run: the replay ends where its history does (``error`` says by whom and why)
     cancelled: bool = False
+    #: the replayed workflow function returned (``result``) or raised (``error``); for a run whose history has
+    #: no end yet (``finished`` false), it did so after the last recorded call
+    ended: bool = False
 
     @property
     def clean(self) -> bool:

@@ -99,7 +99,7 @@ from runifold.worker._lease import LeaseKeeping
 from runifold.worker._loop import WorkflowLoop
 from runifold.worker._bodies import HALT
 from runifold.worker._progress import LiveProgress
-from runifold.worker._replaying import Replaying
+from runifold.worker._replaying import WORKFLOW_CANCELLED, WORKFLOW_RAISED, Replaying, clipped
 from runifold.worker._outcome import (
     Completed,
     Failed as FailedOutcome,
@@ -482,7 +482,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                     self._failed_at_start and failed is not None and failed.error_type == type_name(exc)):
                 # the live run's code took this input: today's code does not fit it
                 self._divergence = NondeterminismError(
-                    "(input)", "the recorded input", "a signature it does not fit", str(exc))
+                    "(input)", f"the input {clipped(self.replayer.started.input)}", f"a signature it does not fit ({exc})",
+                    str(exc))
             else:
                 self._fail(exc, "")  # (the debugger: the live run failed the same way, at its input)
             return False
@@ -645,10 +646,10 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 
     async def _finish_root(self, root: asyncio.Task[Any]) -> Outcome:
         if root.cancelled():
-            return await self._finish_failed(("the workflow's task was cancelled", None, ""))
+            return await self._finish_failed((WORKFLOW_CANCELLED, None, ""))
         exc = root.exception()
         if exc is not None:
-            return await self._finish_failed((f"workflow raised {describe(exc)}", exc, failed_call(exc)))
+            return await self._finish_failed((f"{WORKFLOW_RAISED}{describe(exc)}", exc, failed_call(exc)))
         try:
             plain, output = record(root.result(), self.definition.spec.returns.get(), what=self._result_what())
         except SerializationError as err:

@@ -267,7 +267,7 @@ class Replaying:
             return convert(plain, call.returns, what=call.key)
         except SerializationError as exc:
             self._divergence = NondeterminismError(
-                call.key, f"the value {_clipped(plain)}", f"a call returning {_type_text(call.returns)}", str(exc))
+                call.key, f"the value {clipped(plain)}", f"a call returning {_type_text(call.returns)}", str(exc))
             return None
 
     def _deliver_committed(self) -> None:
@@ -283,33 +283,69 @@ class Replaying:
 
     def _report_end(self) -> None:
         """Debugger: where a replay that did not diverge ended, and how (the report's ``finished``, ``error``,
-        ``result`` and ``stopped_at``)."""
+        ``result`` and ``stopped_at``).
+
+        invariant: a run whose history records its end must end the same way on replay: a completed run's code
+        returns an equal result, and a run whose code raised live raises an exception of the same type (a run the
+        engine failed, at a call it refused or at a budget, ends where its code waits). For a run whose history
+        has no end yet, the report says what the code does after the last recorded call: waits (``stopped_at``),
+        returns (``result``) or raises (``error``), with ``finished`` false.
+        """
         report, root = self.report, self._root
         pending = [c.key for c in self._open if not c.future.done()]
         report.stopped_at = pending[0] if pending else None
+        failed = self._recorded_failure
+        raised = failed is not None and failed.reason.startswith(WORKFLOW_RAISED)  # (not the engine: see _finish_root)
+        ended = report.ended = root is not None and root.done()
         if self._recorded_cancel is not None:
             # an operator ended the run from outside: its history, and so the replay, stops there
             cancel = self._recorded_cancel
             report.finished, report.cancelled, report.error = True, True, f"cancelled by {cancel.by}: {cancel.reason}"
-        elif self._failure is not None:
+            return
+        if self._failure is not None:
             # a charge the budget refused: the run fails there, whatever its code does after
             report.finished, report.stopped_at, report.error = True, None, self._failure[0]
-        elif self._recorded_failure is not None and not (root is not None and root.done()):
-            # the engine failed the run where the replay stops (a budget, a wait nothing can end)
-            report.finished, report.stopped_at, report.error = True, None, self._recorded_failure.reason
-        elif root is not None and root.done():
-            report.finished = True
-            if root.cancelled():
-                report.error = "the workflow's task was cancelled"
-            elif root.exception() is not None:
-                report.error = describe(root.exception())  # type: ignore[arg-type]
+            return
+        if root is None or not ended:
+            if failed is not None and not raised:
+                # the engine failed the run where the replay stops (a budget, a wait nothing can end)
+                report.finished, report.stopped_at, report.error = True, None, failed.reason
+            elif failed is not None or self._recorded_result:
+                # a run that ended must end again: the code waits at a call its history does not answer
+                report.divergence = NondeterminismError(
+                    str(report.stopped_at), self._recorded_end(),
+                    f"code that waits at {report.stopped_at}" if report.stopped_at else "code that is blocked")
+            return
+        if root.cancelled() or root.exception() is not None:
+            what = WORKFLOW_CANCELLED if root.cancelled() else describe(root.exception())  # type: ignore[arg-type]
+            if failed is not None and not self._ended_alike(failed, root):
+                report.divergence = NondeterminismError("(result)", self._recorded_end(), f"a workflow that raised {what}")
+            elif self._recorded_result:
+                report.divergence = NondeterminismError("(result)", self._recorded_end(), f"a workflow that raised {what}")
             else:
-                self._check_result(root.result())
-        if self._recorded_result and not report.finished and report.divergence is None:
-            # a completed run's code must come to its end again: stuck at a call its history does not answer,
-            # the code gained a call where the live run went on
-            report.divergence = NondeterminismError(
-                str(report.stopped_at), "the run's completion", f"code that waits at {report.stopped_at}")
+                report.finished, report.error = failed is not None, what
+            return
+        report.finished = failed is not None or bool(self._recorded_result)
+        self._check_result(root.result())
+        if failed is not None and report.error is None and report.divergence is None:
+            # (a run the engine failed at its result failed because the result could not be recorded: see above)
+            report.finished, report.divergence = False, NondeterminismError(
+                "(result)", self._recorded_end(), f"a workflow that returns {_clipped_result(root.result())}")
+
+    @staticmethod
+    def _ended_alike(failed: RunFailed, root: asyncio.Task[Any]) -> bool:
+        """The replayed workflow ended (raised, or its task was cancelled) as the live one did."""
+        if failed.reason.startswith(WORKFLOW_RAISED):
+            return not root.cancelled() and failed.error_type == type_name(root.exception())  # type: ignore[arg-type]
+        return failed.reason == WORKFLOW_CANCELLED and root.cancelled()
+
+    def _recorded_end(self) -> str:
+        """How the run ended, as a divergence names what history recorded."""
+        if self._recorded_result:
+            return f"the run's completion with result {clipped(self._recorded_result[-1].output)}"
+        failed = self._recorded_failure
+        assert failed is not None
+        return f"that the {failed.reason}" if failed.reason.startswith(WORKFLOW_RAISED) else f"the failure {failed.reason!r}"
 
     def _check_result(self, output: Any) -> None:
         """Debugger: a replay that finishes must return what the live run returned (compared as typed values)."""
@@ -352,14 +388,31 @@ class Replaying:
                 detail="whatever cancelled the call (a timeout, a sibling) no longer does")
         root = self._root
         if root is not None and root.done():
-            doing = "the workflow had finished"
+            # (what the code did instead, with its exception: the cause of a divergence that a change of code made)
+            exc = None if root.cancelled() else root.exception()
+            doing = (WORKFLOW_CANCELLED if root.cancelled() else
+                     f"the workflow raised {describe(exc)}" if exc is not None else "the workflow had returned")
         else:
             waiting = [c.key for c in self._open if not c.future.done()]
             doing = f"the workflow waits for {', '.join(waiting[:3])}" if waiting else "the workflow is blocked"
         return self.replayer.missing(missing, f"no call to it: {doing}")
 
 
-def _clipped(value: Any, limit: int = 80) -> str:
+#: how the reason of a run whose workflow code raised begins, and the reason of one whose workflow task was
+#: cancelled (see Execution._finish_root)
+WORKFLOW_RAISED = "workflow raised "
+WORKFLOW_CANCELLED = "the workflow's task was cancelled"
+
+
+def _clipped_result(value: Any) -> str:
+    """A workflow's result as a divergence shows it (a value it could not record, by its type)."""
+    try:
+        return clipped(msgspec.to_builtins(value))
+    except (TypeError, ValueError, msgspec.MsgspecError):
+        return f"a value of type {type(value).__name__}"
+
+
+def clipped(value: Any, limit: int = 80) -> str:
     """A recorded value as a divergence shows it: its JSON text, cut short."""
     text = repr(value) if isinstance(value, float) else msgspec.json.encode(value).decode()
     return text if len(text) <= limit else text[: limit - 3] + "..."

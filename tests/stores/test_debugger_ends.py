@@ -1,0 +1,134 @@
+"""The debugger judges how a run ended, not only its calls (helper-76): a completed run must complete again with an
+equal result, a run whose code raised must raise again (an exception of the same type), and a run whose history
+has no end yet is reported as unfinished, with what its code does after the last recorded call. On every store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runifold import (
+    Failed,
+    Resolution,
+    ResumePolicy,
+    Suspended,
+    WorkflowContext,
+    WorkflowDefinition,
+    WorkflowRegistry,
+    WorkflowTask,
+    effect,
+    replay_run,
+    resolve_effect,
+    step,
+    workflow,
+)
+from runifold.cli._runs import verdict
+from tests.support import until_completed, worker
+
+change: dict[str, str] = {"to": ""}
+
+
+@step()
+async def fetch(order: str) -> str:
+    return f"fetched-{order}"
+
+
+@step()
+async def audit(text: str) -> str:
+    return f"audit-{text}"
+
+
+@workflow("ends")
+async def ends(ctx: WorkflowContext, order: str) -> str:
+    got = await fetch(order)
+    match change["to"]:
+        case "raise":
+            raise RuntimeError("new code raises after the last step")
+        case "other error":
+            raise ValueError("a different error")
+        case "goes on":
+            return await audit(got)
+        case "returns":
+            return got
+    if order == "bad":
+        raise KeyError("missing")
+    return got
+
+
+REGISTRY = WorkflowRegistry(WorkflowDefinition(ends))
+
+
+@workflow("ends")
+async def ends_renamed(ctx: WorkflowContext, order_id: str) -> str:
+    return await fetch(order_id)
+
+
+async def test_a_completed_run_whose_code_now_raises_diverges(store: Any) -> None:
+    """It was reported clean, "the workflow failed", exit 0: a change turning successes into failures passed the
+    check before a deploy."""
+    change["to"] = ""
+    await store.enqueue(WorkflowTask("ends", 1, {"order": "a"}, checkpoint_id="c1"))
+    await until_completed(store, WorkflowDefinition(ends))
+    clean = await replay_run(store, REGISTRY, "c1")
+    assert clean.clean and clean.finished and clean.ended and clean.result == "fetched-a"
+    renamed = await replay_run(store, WorkflowRegistry(WorkflowDefinition(ends_renamed)), "c1")
+    assert verdict(renamed).startswith(  # (it said: "recorded the recorded input; code called a signature ...")
+        'DIVERGED at (input): history recorded the input {"order":"a"}; code called a signature it does not fit '
+        "(input for workflow 'ends' v1 does not fit its parameters ['order_id']: missing ['order_id']"), verdict(renamed)
+    change["to"] = "raise"
+    report = await replay_run(store, REGISTRY, "c1")
+    assert report.divergence is not None and report.divergence.key == "(result)", verdict(report)
+    assert verdict(report) == (
+        "DIVERGED at (result): history recorded the run's completion with result \"fetched-a\"; code called a "
+        "workflow that raised RuntimeError: new code raises after the last step")
+
+
+async def test_a_failed_run_replays_clean_only_against_code_that_fails_the_same_way(store: Any) -> None:
+    """A run whose workflow raised KeyError: the same code is clean, with the error the code raised; code that goes
+    on, returns or raises another exception diverges at its end, saying what the code does instead (it said
+    clean, showing the recorded error as if the changed code raised it)."""
+    change["to"] = ""
+    await store.enqueue(WorkflowTask("ends", 1, {"order": "bad"}, checkpoint_id="f1"))
+    failed = await worker(store, WorkflowDefinition(ends)).run_once()
+    assert isinstance(failed, Failed) and "KeyError" in failed.reason
+    same = await replay_run(store, REGISTRY, "f1")
+    assert same.clean and same.finished and same.error == "KeyError: 'missing'", verdict(same)
+    recorded = "history recorded that the workflow raised KeyError: 'missing'; code called "
+    for to, called in [("goes on", "code that waits at audit#1"), ("returns", 'a workflow that returns "fetched-bad"'),
+                       ("other error", "a workflow that raised ValueError: a different error")]:
+        change["to"] = to
+        report = await replay_run(store, REGISTRY, "f1")
+        assert not report.clean and not report.finished, (to, verdict(report))
+        assert verdict(report).endswith(recorded + called), (to, verdict(report))
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def pay(key: str, amount: int) -> dict[str, int]:
+    raise TimeoutError("the provider did not answer")
+
+
+@workflow("pays")
+async def pays(ctx: WorkflowContext) -> dict[str, int]:
+    if change["to"] == "raise first":
+        raise KeyError("zone")
+    return await pay(1)
+
+
+async def test_a_run_whose_history_has_no_end_is_not_reported_finished(store: Any) -> None:
+    """A parked effect resolved as applied leaves the run ready, its history ending at effect_resolved: its code
+    returns on replay, but the run has not ended (it was reported finished, "to the end"). Code that raises
+    before the recorded call names the exception (it said "the workflow had finished")."""
+    change["to"] = ""
+    definition = WorkflowDefinition(pays)
+    registry = WorkflowRegistry(definition)
+    await store.enqueue(WorkflowTask("pays", 1, {}, checkpoint_id="p1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await resolve_effect(store, registry, "p1", "pay#1", Resolution.APPLIED, by="ops", reason="checked",
+                         output={"paid": 1})
+    report = await replay_run(store, registry, "p1")
+    assert report.clean and not report.finished and report.ended and report.result == {"paid": 1}
+    assert verdict(report) == 'clean: code and history agree as far as the history goes (then the workflow returns {"paid":1})'
+    change["to"] = "raise first"
+    report = await replay_run(store, registry, "p1")
+    assert report.divergence is not None and report.divergence.key == "pay#1"
+    assert report.divergence.called == "no call to it: the workflow raised KeyError: 'zone'", verdict(report)
+    change["to"] = ""
