@@ -295,7 +295,6 @@ class Replaying:
         pending = [c.key for c in self._open if not c.future.done()]
         report.stopped_at = pending[0] if pending else None
         failed = self._recorded_failure
-        raised = failed is not None and failed.reason.startswith(WORKFLOW_RAISED)  # (not the engine: see _finish_root)
         ended = report.ended = root is not None and root.done()
         if self._recorded_cancel is not None:
             # an operator ended the run from outside: its history, and so the replay, stops there
@@ -307,14 +306,15 @@ class Replaying:
             report.finished, report.stopped_at, report.error = True, None, self._failure[0]
             return
         if root is None or not ended:
-            if failed is not None and not raised:
+            if failed is not None and self._refused_here(failed):
                 # the engine failed the run where the replay stops (a budget, a wait nothing can end)
                 report.finished, report.stopped_at, report.error = True, None, failed.reason
             elif failed is not None or self._recorded_result:
-                # a run that ended must end again: the code waits at a call its history does not answer
+                # a run that ended must end again: the code goes on to a call its history does not answer
                 report.divergence = NondeterminismError(
-                    str(report.stopped_at), self._recorded_end(),
-                    f"code that waits at {report.stopped_at}" if report.stopped_at else "code that is blocked")
+                    "(result)", self._recorded_end(),
+                    f"a workflow that goes on to {report.stopped_at}" if report.stopped_at
+                    else "a workflow that waits on something that is not a runifold call")
             return
         if root.cancelled() or root.exception() is not None:
             what = WORKFLOW_CANCELLED if root.cancelled() else describe(root.exception())  # type: ignore[arg-type]
@@ -338,6 +338,17 @@ class Replaying:
         if failed.reason.startswith(WORKFLOW_RAISED):
             return not root.cancelled() and failed.error_type == type_name(root.exception())  # type: ignore[arg-type]
         return failed.reason == WORKFLOW_CANCELLED and root.cancelled()
+
+    def _refused_here(self, failed: RunFailed) -> bool:
+        """The engine failed the run (its code had not ended), and the replayed code waits where it did: at the
+        call the engine refused (a budget, a capability, a deadline), or anywhere for a failure of no call (the
+        recovery budget, a workflow blocked on something that is not a runifold call)."""
+        if failed.reason.startswith((WORKFLOW_RAISED, self._result_what())) or failed.reason == WORKFLOW_CANCELLED:
+            return False  # the workflow's code ended the run live: raised, its task cancelled, or an unrecordable result
+        if not failed.key:
+            return True
+        call = self._calls.get(failed.key)
+        return call is not None and not call.future.done()
 
     def _recorded_end(self) -> str:
         """How the run ended, as a divergence names what history recorded."""

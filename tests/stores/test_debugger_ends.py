@@ -4,9 +4,11 @@ has no end yet is reported as unfinished, with what its code does after the last
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from runifold import (
+    Budget,
     Failed,
     Resolution,
     ResumePolicy,
@@ -93,12 +95,46 @@ async def test_a_failed_run_replays_clean_only_against_code_that_fails_the_same_
     same = await replay_run(store, REGISTRY, "f1")
     assert same.clean and same.finished and same.error == "KeyError: 'missing'", verdict(same)
     recorded = "history recorded that the workflow raised KeyError: 'missing'; code called "
-    for to, called in [("goes on", "code that waits at audit#1"), ("returns", 'a workflow that returns "fetched-bad"'),
+    for to, called in [("goes on", "a workflow that goes on to audit#1"), ("returns", 'a workflow that returns "fetched-bad"'),
                        ("other error", "a workflow that raised ValueError: a different error")]:
         change["to"] = to
         report = await replay_run(store, REGISTRY, "f1")
         assert not report.clean and not report.finished, (to, verdict(report))
         assert verdict(report).endswith(recorded + called), (to, verdict(report))
+
+
+@workflow("ends2")
+async def ends2(ctx: WorkflowContext, how: str) -> Any:
+    ctx.charge(3)
+    got = await fetch(how)
+    ctx.charge(1 if change["to"] == "goes on" else 3)  # (a second 3 is over the budget of 5)
+    if change["to"] == "goes on":
+        return await audit(got)
+    if how == "cancel":
+        raise asyncio.CancelledError()  # the workflow's own task ends cancelled
+    return object()  # a result that cannot be recorded
+
+
+async def test_a_run_its_own_code_or_a_refused_charge_failed_diverges_when_the_code_now_goes_on(store: Any) -> None:
+    """helper-78: a run whose task was cancelled, or whose result could not be recorded, or that the budget failed
+    at a charge, replayed against code that now goes on to a new call, said clean with the recorded failure."""
+    change["to"] = ""
+    roomy, tight = WorkflowDefinition(ends2, Budget(max_cost_units=10)), WorkflowDefinition(ends2, Budget(max_cost_units=5))
+    for ref, how, definition, why in [("x1", "cancel", roomy, "the workflow's task was cancelled"),
+                                      ("x2", "unrecordable", roomy, "workflow 'ends2' cannot be recorded"),
+                                      ("x3", "charge", tight, "budget exceeded: cost units would reach 6")]:
+        change["to"] = ""
+        await store.enqueue(WorkflowTask("ends2", 1, {"how": how}, checkpoint_id=ref))
+        failed = await worker(store, definition).run_once()
+        assert isinstance(failed, Failed) and failed.reason.startswith(why), failed
+        registry = WorkflowRegistry(definition)
+        same = await replay_run(store, registry, ref)
+        assert same.clean and same.finished, verdict(same)
+        change["to"] = "goes on"
+        report = await replay_run(store, registry, ref)
+        assert verdict(report).startswith("DIVERGED at (result): history recorded ") and verdict(report).endswith(
+            "code called a workflow that goes on to audit#1"), (how, verdict(report))
+    change["to"] = ""
 
 
 @effect(resume=ResumePolicy.MANUAL)

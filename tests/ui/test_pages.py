@@ -145,7 +145,7 @@ def test_run_pages_show_waits_who_resumed_and_the_replay_verdict(served: Served,
     page.goto(served.url + "run?ref=evolving-diverged")
     assert page.locator("#status").inner_text() == "diverged"
     verdict = page.locator("#replay-verdict").inner_text()
-    assert verdict.startswith("diverged at add#1: history recorded") and "code called" in verdict
+    assert verdict.startswith("DIVERGED at add#1: history recorded") and "code called" in verdict
     served.shot(page, "run-diverged")
     page.goto(served.url + "run?ref=order-done")
     # (the line `runifold replay` prints, with what the workflow returned: helper-76 found the page said less)
