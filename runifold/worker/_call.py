@@ -53,7 +53,8 @@ class ReplayReport:
 
     ``steps`` lists each recorded outcome in the order it was handed to the
     workflow: ``(key, what)``, with ``what`` one of ``replayed``, ``failed``,
-    ``timer fired``, ``signal received``, ``wait timed out``.
+    ``resolved by <who> (applied|fail)`` (an effect an operator settled),
+    ``timer fired``, ``signal received``, ``wait timed out``, ``child <run id> started``.
     """
 
     run_id: str

@@ -39,6 +39,7 @@ from runifold.history import (
     Fresh,
     InDoubt,
     Replayer,
+    Resolution,
     RetryDue,
     RunCancelled,
     RunCompleted,
@@ -221,13 +222,16 @@ class Replaying:
             case CallKind.STEP | CallKind.EFFECT:
                 state = step_state(events) if call.kind is CallKind.STEP else effect_state(events)
                 at = self.replayer.committed_at(key)
+                # (an outcome an operator settled says so, and by whom)
+                settled = [f"resolved by {e.by} ({e.resolution})" for e in events if isinstance(e, EffectResolved)
+                           and e.resolution is not Resolution.RETRY]
                 if isinstance(state, Done):
-                    steps.append((key, "replayed"))
+                    steps.append((key, settled[-1] if settled else "replayed"))
                     return self._converted(call, state.output), None, at
                 if isinstance(state, Cancelled):
                     return None
                 assert isinstance(state, Failed)
-                steps.append((key, "failed"))
+                steps.append((key, settled[-1] if settled else "failed"))
                 if call.kind is CallKind.STEP:
                     failed = [e for e in events if isinstance(e, StepFailed)]
                     error_type = failed[-1].error_type if failed else ""

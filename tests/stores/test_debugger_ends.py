@@ -163,6 +163,7 @@ async def test_a_run_whose_history_has_no_end_is_not_reported_finished(store: An
     report = await replay_run(store, registry, "p1")
     assert report.clean and not report.finished and report.ended and report.result == {"paid": 1}
     assert verdict(report) == 'clean: code and history agree as far as the history goes (then the workflow returns {"paid":1})'
+    assert report.steps == [("pay#1", "resolved by ops (applied)")]  # (it said "replayed", as if the body had run)
     change["to"] = "raise first"
     report = await replay_run(store, registry, "p1")
     assert report.divergence is not None and report.divergence.key == "pay#1"
