@@ -401,3 +401,41 @@ async def test_a_database_at_the_baseline_is_migrated_and_keeps_its_runs(open_st
             "SELECT * FROM runifold_deliver($1, 'u1', 's2', 'go', '2', 'sha256:c', 'alice', 'k', 'r', 10)", run_id)
         await conn.close()
         assert row["verdict"] == "accepted"
+
+
+async def test_postgres_a_childs_end_wakes_a_parent_whose_suspending_commit_is_in_flight(open_store: Any) -> None:
+    """The parent's commit that suspends it on its child has read its inbox and is not yet committed when the child
+    finishes: the child's commit waits for it and then wakes the parent. It found the parent still running and
+    posted its end unseen, and the parent waited for ever (helper-79: 2 of 60 fan-outs on two worker processes)."""
+    import asyncpg
+
+    from runifold.history import RunCompleted
+    from runifold.stores import EventRow, Suspend
+    from runifold.stores._protocol import transition_columns
+    from runifold.stores.postgres import Q, _commit_arrays, _CommitAsk
+    from tests.conftest import require_postgres
+
+    store = await open_store()
+    await store.enqueue(WorkflowTask("parent", 1, {}, checkpoint_id="p1"))
+    parent = await store.claim("w", {"parent"}, 30.0)
+    await store.enqueue(WorkflowTask("kid", 1, {}, checkpoint_id="k1", parent_run_id=parent.run_id))
+    kid = await store.claim("w", {"kid"}, 30.0)
+    suspend = Suspend(RunStatus.WAITING, None, (f"child:{kid.run_id}",), f"child run {kid.run_id} to finish")
+    suspending = await asyncpg.connect(require_postgres())
+    try:
+        transaction = suspending.transaction()
+        await transaction.start()
+        args = _commit_arrays([_CommitAsk(parent.lease, 1, [], transition_columns(suspend), [])])
+        assert (await suspending.fetchrow(Q["commit"], *args))["ok"]  # its inbox read: nothing there yet
+        finishing = asyncio.ensure_future(
+            store.commit(kid.lease, 1, [EventRow.of(RunCompleted(output="done"))], Finish(RunStatus.COMPLETED)))
+        await asyncio.sleep(0.5)
+        assert not finishing.done()  # the child's commit waits for the parent's
+        await transaction.commit()
+        await finishing
+    finally:
+        await suspending.close()
+    waiting = await store.get_run("p1")
+    assert waiting.status is RunStatus.WAITING and waiting.due_at is not None, waiting  # woken: due now
+    again = await store.claim("w", {"parent"}, 30.0)
+    assert again is not None and again.run_id == parent.run_id and [s.name for s in again.inbox] == [f"child:{kid.run_id}"]

@@ -1,0 +1,29 @@
+-- runifold PostgreSQL schema, version 4: a child's end always wakes its waiting parent. The parent's row is
+-- locked as a signal delivery locks it (FOR NO KEY UPDATE), so the parent's own commit either sees the child's
+-- end in its inbox (and stays due) or waits for it and is then woken by it. With the weaker lock of version 3
+-- (FOR KEY SHARE) and none before, a child finishing while its parent's suspend commit was in flight posted its
+-- end unseen by that commit and found the parent still running: the parent waited for ever (helper-79).
+
+CREATE OR REPLACE FUNCTION runifold_notify_parent(p_run text, p_body text, p_now double precision) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_parent text;
+    v_name text := 'child:' || p_run;
+BEGIN
+    -- invariant: the parent's row is locked before its inbox is written, as runifold_deliver locks a run's: a
+    -- commit of the parent in flight is waited for (and its wait is then seen), and a later one waits for this
+    -- transaction (and then sees the end in its inbox); a purge of the parent in flight is waited for, and then
+    -- finds no parent
+    SELECT p.run_id INTO v_parent
+    FROM runifold_runs r JOIN runifold_runs p ON p.run_id = r.parent_run_id WHERE r.run_id = p_run
+    FOR NO KEY UPDATE OF p;
+    IF v_parent IS NULL OR p_body IS NULL THEN
+        RETURN false;
+    END IF;
+    INSERT INTO runifold_signals (run_id, signal_id, name, payload, payload_hash, sender, key_id, reason, received_at)
+    VALUES (v_parent, v_name, v_name, p_body, 'child', 'runifold', '', 'child run finished', p_now)
+    ON CONFLICT (run_id, signal_id) DO NOTHING;
+    UPDATE runifold_runs SET due_at = p_now WHERE run_id = v_parent AND status = 'waiting' AND v_name = ANY (wait_signals);
+    RETURN FOUND;
+END
+$$;
