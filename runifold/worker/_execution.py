@@ -429,6 +429,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                 # invariant: nothing of the buffer is written; the run fails with why, once, instead of
                 # running its steps again at every claim
                 await self._halt_bodies()
+                self._unpark_unwritten()
                 self._buffer.clear()
                 self._outbox.clear()
                 self._consumed.clear()

@@ -470,6 +470,15 @@ class LiveProgress:
             self._park(call, f"its outcome is unknown and the run cannot go on ({failing}): settle it")
         return [c for c in self._open if c.kind is CallKind.EFFECT and c.parked is not None]
 
+    def _unpark_unwritten(self) -> None:
+        """The buffer is dropped unwritten: an effect parked in it is in doubt again, so the run's failure parks it
+        anew with an ``effect_ambiguous`` that is written. Parked in memory only, it left the run parked with
+        nothing an operator could resolve (helper-80)."""
+        unwritten = {e.key for e in self._buffer if isinstance(e, EffectAmbiguous)}
+        for call in self._open:
+            if call.parked is not None and call.key in unwritten:
+                call.parked, call.in_doubt = None, True
+
     def _park(self, call: Call, reason: str, events: Sequence[AnyEvent] = ()) -> None:
         self.log.warning("effect_ambiguous", key=call.key, reason=reason)
         self._record_effect(*events, EffectAmbiguous(key=call.key, reason=reason))

@@ -201,3 +201,59 @@ async def test_a_run_fails_only_with_every_effect_settled_and_parks_only_for_one
 def _reset() -> None:
     for held in (attempts, verdicts, returned, began, stopped):
         held.clear()
+
+
+AT: dict[str, float] = {}
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def _at(ref: str) -> None:
+    await asyncio.sleep(max(0.0, AT[ref] - asyncio.get_running_loop().time()))
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def times_out(key: str, ref: str) -> str:
+    await _at(ref)
+    raise TimeoutError("no answer from the provider")
+
+
+@step(retry=RetryPolicy(max_attempts=1))
+async def deep(ref: str, depth: int) -> Any:
+    await _at(ref)
+    return _nested(depth)  # at some depths its output is recordable, but its step_completed event is one level too deep
+
+
+@workflow("parked-beside-an-unwritable-event")
+async def parked_beside(ctx: WorkflowContext, ref: str, depth: int) -> Any:
+    return await asyncio.gather(times_out(ref), deep(ref, depth))
+
+
+async def test_an_effect_parked_in_a_commit_that_cannot_be_written_is_parked_again_for_an_operator(store: Any) -> None:
+    """An effect is parked (MANUAL, its outcome unknown) in the same pass as a step whose event cannot be encoded:
+    the commit is dropped, and the run's failure parks the effect again with an effect_ambiguous that is written,
+    so an operator can settle it. It left the run parked with no effect_ambiguous: resolve refused it, and nothing
+    moved the run (helper-80)."""
+    definition = WorkflowDefinition(parked_beside)
+    registry = WorkflowRegistry(definition)
+    hit = unwritable = 0
+    for depth in range(800, 1000):
+        ref = f"u{depth}"
+        AT[ref] = asyncio.get_running_loop().time() + 0.01
+        await store.enqueue(WorkflowTask("parked-beside-an-unwritable-event", 1, {"ref": ref, "depth": depth},
+                                         checkpoint_id=ref))
+        outcome = await worker(store, definition).run_once()
+        if not isinstance(outcome, Suspended):
+            continue  # (the step's output, or the event, fits or is refused before anything is parked)
+        hit += 1
+        history = [type_tag(e.event) for e in await entries(store, ref)]
+        assert "effect_ambiguous" in history and (await store.get_run(ref)).status is RunStatus.PARKED, history
+        unwritable += "step_completed" not in history and "step_failed" not in history
+        await resolve_effect(store, registry, ref, "1/times_out#1", Resolution.FAIL, by="ops", reason="checked")
+        assert isinstance(await worker(store, definition).run_once(), Failed)  # the unwritable step fails it again
+    assert hit and unwritable, f"no depth made an effect parked beside an event that cannot be written ({hit})"
