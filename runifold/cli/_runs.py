@@ -344,6 +344,8 @@ def verdict(report: ReplayReport) -> str:
         return f"clean: code and history agree as far as the history goes (then the workflow raises {report.error})"
     if report.ended:
         return f"clean: code and history agree as far as the history goes (then the workflow returns {compact(report.result)})"
+    if report.error is not None:
+        return f"clean: code and history agree as far as the history goes (then the run fails: {report.error})"
     if report.stopped_at is not None:
         return f"clean: code and history agree as far as the history goes (stops at {report.stopped_at})"
     return ("clean: code and history agree as far as the history goes (then the workflow waits on something that is "
@@ -383,8 +385,9 @@ async def replay_cmd(args: argparse.Namespace) -> int:
     if args.all and args.name is not None and not checked and args.name not in registry.names():
         # (a check that found nothing to check under a name nobody knows: a typo, which must not pass a deploy)
         registered = ", ".join(sorted(registry.names())) or "none"
-        raise ArgumentError(f"no run of a workflow named {args.name!r}, and the --app registry holds no such workflow "
-                            f"(it holds: {registered}); check the name")
+        which = "unfinished" if args.status is None else args.status
+        raise ArgumentError(f"no {which} run of a workflow named {args.name!r} to check, and the --app registry holds "
+                            f"no such workflow (it holds: {registered}); check the name")
     if args.json:
         emit_json(as_json)
     elif args.all:

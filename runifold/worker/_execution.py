@@ -99,7 +99,7 @@ from runifold.worker._lease import LeaseKeeping
 from runifold.worker._loop import WorkflowLoop
 from runifold.worker._bodies import HALT
 from runifold.worker._progress import LiveProgress
-from runifold.worker._replaying import WORKFLOW_CANCELLED, WORKFLOW_RAISED, Replaying, clipped
+from runifold.worker._replaying import WORKFLOW_BLOCKED, WORKFLOW_CANCELLED, WORKFLOW_RAISED, Replaying, clipped
 from runifold.worker._outcome import (
     Completed,
     Failed as FailedOutcome,
@@ -695,7 +695,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         """Workflow code is idle and nothing is due: commit the transition its ``pending`` calls imply."""
         if not pending:
             return await self._finish_failed((
-                "the workflow is blocked on something that is not a runifold call (an Event or a future "
+                f"{WORKFLOW_BLOCKED} (an Event or a future "
                 "nothing in workflow code will set, or one a thread of its own would set: threads are not "
                 "recorded, so that work belongs in a step); it can never continue", None, ""))
         dues = [c.due for c in pending if c.due is not None and c.parked is None]

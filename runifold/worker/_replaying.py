@@ -33,8 +33,11 @@ from runifold.history import (
     Cancelled,
     ChildStarted,
     Done,
+    EffectCompleted,
     EffectFailed,
+    EffectReconciled,
     EffectResolved,
+    EffectStarted,
     Failed,
     Fresh,
     InDoubt,
@@ -222,9 +225,13 @@ class Replaying:
             case CallKind.STEP | CallKind.EFFECT:
                 state = step_state(events) if call.kind is CallKind.STEP else effect_state(events)
                 at = self.replayer.committed_at(key)
-                # (an outcome an operator settled says so, and by whom)
-                settled = [f"resolved by {e.by} ({e.resolution})" for e in events if isinstance(e, EffectResolved)
-                           and e.resolution is not Resolution.RETRY]
+                # (an outcome an operator settled says so, and by whom: the key's last event that decided it)
+                settled: list[str] = []
+                for e in events:
+                    if isinstance(e, EffectResolved) and e.resolution is not Resolution.RETRY:
+                        settled.append(f"resolved by {e.by} ({e.resolution})")
+                    elif isinstance(e, (EffectStarted, EffectCompleted, EffectFailed, EffectReconciled)):
+                        settled.clear()
                 if isinstance(state, Done):
                     steps.append((key, settled[-1] if settled else "replayed"))
                     return self._converted(call, state.output), None, at
@@ -300,20 +307,31 @@ class Replaying:
         report.stopped_at = pending[0] if pending else None
         failed = self._recorded_failure
         ended = report.ended = root is not None and root.done()
+        if root is not None and ended and not root.cancelled():
+            root.exception()  # (judged here, whatever the verdict: never logged as "never retrieved")
         if self._recorded_cancel is not None:
             # an operator ended the run from outside: its history, and so the replay, stops there
             cancel = self._recorded_cancel
             report.finished, report.cancelled, report.error = True, True, f"cancelled by {cancel.by}: {cancel.reason}"
             return
         if self._failure is not None:
-            # a charge the budget refused: the run fails there, whatever its code does after
-            report.finished, report.stopped_at, report.error = True, None, self._failure[0]
+            # a charge the budget refuses on replay: the run fails there, whatever its code does after; the same end
+            # only where the live run failed at that very charge
+            reason, _, key = self._failure
+            report.stopped_at, report.error, report.ended = None, reason, False  # (the run ends at the charge)
+            if failed is not None and failed.key == key:
+                report.finished = True
+            elif failed is not None or self._recorded_result:
+                report.divergence = NondeterminismError(
+                    "(result)", self._recorded_end(), f"a run its budget fails at {key} ({reason})")
+            return
+        if failed is not None and self._refused_here(failed):
+            # the engine failed the run where the replay stops (a budget, a wait nothing can end), whatever else the
+            # code did in that pass (a branch that raised, a workflow that had returned while an effect ran on)
+            report.finished, report.stopped_at, report.error = True, None, failed.reason
             return
         if root is None or not ended:
-            if failed is not None and self._refused_here(failed):
-                # the engine failed the run where the replay stops (a budget, a wait nothing can end)
-                report.finished, report.stopped_at, report.error = True, None, failed.reason
-            elif failed is not None or self._recorded_result:
+            if failed is not None or self._recorded_result:
                 # a run that ended must end again: the code goes on to a call its history does not answer
                 report.divergence = NondeterminismError(
                     "(result)", self._recorded_end(),
@@ -349,8 +367,12 @@ class Replaying:
         recovery budget, a workflow blocked on something that is not a runifold call)."""
         if failed.reason.startswith((WORKFLOW_RAISED, self._result_what())) or failed.reason == WORKFLOW_CANCELLED:
             return False  # the workflow's code ended the run live: raised, its task cancelled, or an unrecordable result
+        if failed.reason.startswith(WORKFLOW_BLOCKED):
+            # blocked live: the code must be blocked again, waiting for no runifold call
+            return self._root is not None and not self._root.done() and not any(
+                not c.future.done() for c in self._open)
         if not failed.key:
-            return True
+            return True  # (the recovery budget, an event that could not be written: wherever the code is)
         call = self._calls.get(failed.key)
         return call is not None and not call.future.done()
 
@@ -417,6 +439,8 @@ class Replaying:
 #: cancelled (see Execution._finish_root)
 WORKFLOW_RAISED = "workflow raised "
 WORKFLOW_CANCELLED = "the workflow's task was cancelled"
+#: how the reason of a run failed because its workflow could never go on begins (see Execution._suspend)
+WORKFLOW_BLOCKED = "the workflow is blocked on something that is not a runifold call"
 
 
 def _clipped_result(value: Any) -> str:

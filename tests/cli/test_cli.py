@@ -91,7 +91,7 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     assert finished.returncode == 1 and "1 run(s) checked, 1 diverged" in finished.stdout
     # a --name nobody knows is a typo, not a passed check (helper-76: "0 run(s) checked, 0 diverged", exit 0)
     typo = cli("replay", "--all", "--name", "greet_typo")
-    assert typo.returncode == 2 and "no run of a workflow named 'greet_typo'" in typo.stderr, typo
+    assert typo.returncode == 2 and "no unfinished run of a workflow named 'greet_typo'" in typo.stderr, typo
     assert len(typo.stderr.strip().splitlines()) == 1
     # a variable set for `runs list` changes nothing of the check before a deploy (helper-56)
     assert cli("--app", "tests.cli.app:changed", "replay", "g1", env={"RUNIFOLD_STATUS": "failed",

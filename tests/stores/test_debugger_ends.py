@@ -12,6 +12,7 @@ from runifold import (
     Failed,
     Resolution,
     ResumePolicy,
+    RetryPolicy,
     Suspended,
     WorkflowContext,
     WorkflowDefinition,
@@ -169,3 +170,99 @@ async def test_a_run_whose_history_has_no_end_is_not_reported_finished(store: An
     assert report.divergence is not None and report.divergence.key == "pay#1"
     assert report.divergence.called == "no call to it: the workflow raised KeyError: 'zone'", verdict(report)
     change["to"] = ""
+
+
+@step(retry=RetryPolicy(max_attempts=1))
+async def slow_fails() -> str:
+    await asyncio.sleep(0.1)
+    raise RuntimeError("declined")
+
+
+@step()
+async def second() -> str:
+    return "b"
+
+
+@workflow("both")
+async def both(ctx: WorkflowContext) -> list[str]:
+    if change["to"] == "charges":
+        ctx.charge(100)  # over the budget of 10: the run fails here
+    return list(await asyncio.gather(slow_fails(), second()))
+
+
+async def test_an_engine_failure_in_the_pass_the_code_ended_in_replays_clean_against_the_same_code(store: Any) -> None:
+    """The step budget refuses one branch's step while the other branch's step fails and the workflow raises: the
+    run's recorded end is the budget's. The same code replays clean (helper-80: it said DIVERGED); code that now
+    fails at a charge over the budget diverges (it said clean, with the budget's failure)."""
+    change["to"] = ""
+    definition = WorkflowDefinition(both, Budget(max_steps=1, max_cost_units=10))
+    registry = WorkflowRegistry(definition)
+    await store.enqueue(WorkflowTask("both", 1, {}, checkpoint_id="b1"))
+    failed = await worker(store, definition).run_once()
+    assert isinstance(failed, Failed) and "steps would reach 2" in failed.reason, failed
+    same = await replay_run(store, registry, "b1")
+    assert same.clean and same.finished and "steps would reach 2" in str(same.error), verdict(same)
+    change["to"] = "charges"
+    report = await replay_run(store, registry, "b1")
+    assert not report.clean and not report.finished, verdict(report)
+    change["to"] = ""
+
+
+@workflow("pays-then-charges")
+async def pays_then_charges(ctx: WorkflowContext) -> dict[str, int]:
+    paid = await pay(1)
+    if change["to"] == "charges":
+        ctx.charge(100)
+    return paid
+
+
+async def test_an_unfinished_run_whose_code_fails_at_a_charge_past_its_history_is_not_finished(store: Any) -> None:
+    """helper-80: it said "agree to the end", finished, for a run whose history has no end; and an operator's
+    FAIL followed by a retry whose attempt returned was listed as resolved by the operator."""
+    change["to"] = ""
+    definition = WorkflowDefinition(pays_then_charges, Budget(max_cost_units=10))
+    registry = WorkflowRegistry(definition)
+    await store.enqueue(WorkflowTask("pays-then-charges", 1, {}, checkpoint_id="pc1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await resolve_effect(store, registry, "pc1", "pay#1", Resolution.APPLIED, by="ops", reason="checked",
+                         output={"paid": 1})
+    change["to"] = "charges"
+    report = await replay_run(store, registry, "pc1")
+    assert report.clean and not report.finished and report.error is not None, verdict(report)
+    assert verdict(report).startswith("clean: code and history agree as far as the history goes (then the run fails: "
+                                      "budget exceeded: cost units"), verdict(report)
+    change["to"] = ""
+
+
+tries: dict[str, int] = {}
+
+
+@effect(resume=ResumePolicy.MANUAL)
+async def pays_on_the_second_try(key: str) -> str:
+    tries[key] = tries.get(key, 0) + 1
+    if tries[key] == 1:
+        raise TimeoutError("no answer")
+    return "paid by the body"
+
+
+@workflow("settled-then-retried")
+async def settled_then_retried(ctx: WorkflowContext) -> str:
+    return await pays_on_the_second_try()
+
+
+async def test_an_effect_an_operator_failed_and_a_retry_then_ran_is_listed_as_replayed(store: Any) -> None:
+    """helper-80: the operator's FAIL was listed though a later attempt's body produced the outcome."""
+    from runifold import Completed, retry_run
+
+    tries.clear()
+    definition = WorkflowDefinition(settled_then_retried)
+    registry = WorkflowRegistry(definition)
+    await store.enqueue(WorkflowTask("settled-then-retried", 1, {}, checkpoint_id="sr1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    await resolve_effect(store, registry, "sr1", "pays_on_the_second_try#1", Resolution.FAIL, by="ops", reason="no")
+    assert isinstance(await worker(store, definition).run_once(), Failed)
+    await retry_run(store, "sr1", by="ops", reason="the provider is back")
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed) and done.output == "paid by the body", done
+    report = await replay_run(store, registry, "sr1")
+    assert report.clean and report.steps == [("pays_on_the_second_try#1", "replayed")], report.steps
