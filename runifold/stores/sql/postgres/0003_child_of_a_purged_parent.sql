@@ -1,5 +1,8 @@
 -- runifold PostgreSQL schema, version 3: a child that finishes after its parent was purged posts nothing (its
 -- last event went into a signal row addressed to no run, which no purge ever deleted); such rows are deleted.
+-- And a child's end always wakes its waiting parent: the parent's row is locked as a signal delivery locks a run
+-- (the baseline took no lock, so a child finishing while its parent's suspending commit was in flight found the
+-- parent still running and posted its end unseen: the parent waited for ever).
 
 CREATE OR REPLACE FUNCTION runifold_notify_parent(p_run text, p_body text, p_now double precision) RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
@@ -7,11 +10,13 @@ DECLARE
     v_parent text;
     v_name text := 'child:' || p_run;
 BEGIN
-    -- (FOR KEY SHARE: a purge of the parent in flight is waited for, and then finds no parent; a parent's own
-    -- commits, which update no key, are not)
+    -- invariant: the parent's row is locked before its inbox is written, as runifold_deliver locks a run's: a
+    -- commit of the parent in flight is waited for (and its wait is then seen), and a later one waits for this
+    -- transaction (and then sees the end in its inbox); a purge of the parent in flight is waited for, and then
+    -- finds no parent
     SELECT p.run_id INTO v_parent
     FROM runifold_runs r JOIN runifold_runs p ON p.run_id = r.parent_run_id WHERE r.run_id = p_run
-    FOR KEY SHARE OF p;
+    FOR NO KEY UPDATE OF p;
     IF v_parent IS NULL OR p_body IS NULL THEN
         RETURN false;
     END IF;
