@@ -44,17 +44,20 @@ class Fresh:
 
 @dataclass(frozen=True)
 class Done:
-    """The call's outcome is recorded; return ``output`` without running anything."""
+    """The call's outcome is recorded; return ``output`` without running anything. ``by``: the operator whose
+    resolution decided it (an effect's), else empty."""
 
     output: Any
+    by: str = ""
 
 
 @dataclass(frozen=True)
 class Failed:
-    """The call failed for good; raise into the workflow."""
+    """The call failed for good; raise into the workflow. ``by``: as for :class:`Done`."""
 
     error: str
     attempts: int
+    by: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,14 +157,14 @@ def effect_state(events: Sequence[AnyEvent]) -> EffectState:
                 pass  # an EffectAmbiguous follows in the same commit
             case EffectAmbiguous(reason=reason):
                 state = Ambiguous(reason, attempt)
-            case EffectResolved(resolution=resolution, output=output, reason=reason):
+            case EffectResolved(resolution=resolution, output=output, reason=reason, by=by):
                 match resolution:
                     case Resolution.APPLIED:
-                        state = Done(output)
+                        state = Done(output, by)
                     case Resolution.RETRY:
                         state = Fresh(attempt + 1, unknown=True)
                     case Resolution.FAIL:
-                        state = Failed(f"resolved as failed by an operator: {reason}", attempt)
+                        state = Failed(f"resolved as failed by an operator: {reason}", attempt, by)
                     case _ as unreachable:
                         assert_never(unreachable)
             case RunRetried() if isinstance(state, Failed):

@@ -33,16 +33,12 @@ from runifold.history import (
     Cancelled,
     ChildStarted,
     Done,
-    EffectCompleted,
     EffectFailed,
-    EffectReconciled,
     EffectResolved,
-    EffectStarted,
     Failed,
     Fresh,
     InDoubt,
     Replayer,
-    Resolution,
     RetryDue,
     RunCancelled,
     RunCompleted,
@@ -225,20 +221,14 @@ class Replaying:
             case CallKind.STEP | CallKind.EFFECT:
                 state = step_state(events) if call.kind is CallKind.STEP else effect_state(events)
                 at = self.replayer.committed_at(key)
-                # (an outcome an operator settled says so, and by whom: the key's last event that decided it)
-                settled: list[str] = []
-                for e in events:
-                    if isinstance(e, EffectResolved) and e.resolution is not Resolution.RETRY:
-                        settled.append(f"resolved by {e.by} ({e.resolution})")
-                    elif isinstance(e, (EffectStarted, EffectCompleted, EffectFailed, EffectReconciled)):
-                        settled.clear()
                 if isinstance(state, Done):
-                    steps.append((key, settled[-1] if settled else "replayed"))
+                    # (an outcome an operator's resolution decided says so, and by whom)
+                    steps.append((key, f"resolved by {state.by} (applied)" if state.by else "replayed"))
                     return self._converted(call, state.output), None, at
                 if isinstance(state, Cancelled):
                     return None
                 assert isinstance(state, Failed)
-                steps.append((key, settled[-1] if settled else "failed"))
+                steps.append((key, f"resolved by {state.by} (fail)" if state.by else "failed"))
                 if call.kind is CallKind.STEP:
                     failed = [e for e in events if isinstance(e, StepFailed)]
                     error_type = failed[-1].error_type if failed else ""
@@ -325,7 +315,7 @@ class Replaying:
                 report.divergence = NondeterminismError(
                     "(result)", self._recorded_end(), f"a run its budget fails at {key} ({reason})")
             return
-        if failed is not None and self._refused_here(failed):
+        if failed is not None and self._refused_here(failed, blocked=not ended and not pending):
             # the engine failed the run where the replay stops (a budget, a wait nothing can end), whatever else the
             # code did in that pass (a branch that raised, a workflow that had returned while an effect ran on)
             report.finished, report.stopped_at, report.error = True, None, failed.reason
@@ -340,9 +330,7 @@ class Replaying:
             return
         if root.cancelled() or root.exception() is not None:
             what = WORKFLOW_CANCELLED if root.cancelled() else describe(root.exception())  # type: ignore[arg-type]
-            if failed is not None and not self._ended_alike(failed, root):
-                report.divergence = NondeterminismError("(result)", self._recorded_end(), f"a workflow that raised {what}")
-            elif self._recorded_result:
+            if self._recorded_result or (failed is not None and not self._ended_alike(failed, root)):
                 report.divergence = NondeterminismError("(result)", self._recorded_end(), f"a workflow that raised {what}")
             else:
                 report.finished, report.error = failed is not None, what
@@ -361,16 +349,14 @@ class Replaying:
             return not root.cancelled() and failed.error_type == type_name(root.exception())  # type: ignore[arg-type]
         return failed.reason == WORKFLOW_CANCELLED and root.cancelled()
 
-    def _refused_here(self, failed: RunFailed) -> bool:
+    def _refused_here(self, failed: RunFailed, *, blocked: bool) -> bool:
         """The engine failed the run (its code had not ended), and the replayed code waits where it did: at the
         call the engine refused (a budget, a capability, a deadline), or anywhere for a failure of no call (the
         recovery budget, a workflow blocked on something that is not a runifold call)."""
         if failed.reason.startswith((WORKFLOW_RAISED, self._result_what())) or failed.reason == WORKFLOW_CANCELLED:
             return False  # the workflow's code ended the run live: raised, its task cancelled, or an unrecordable result
         if failed.reason.startswith(WORKFLOW_BLOCKED):
-            # blocked live: the code must be blocked again, waiting for no runifold call
-            return self._root is not None and not self._root.done() and not any(
-                not c.future.done() for c in self._open)
+            return blocked  # blocked live: the code must be blocked again (``blocked``: waiting for no runifold call)
         if not failed.key:
             return True  # (the recovery budget, an event that could not be written: wherever the code is)
         call = self._calls.get(failed.key)
