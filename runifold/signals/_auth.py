@@ -59,6 +59,14 @@ def payload_hash(payload: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(payload, what="the signal's payload")).hexdigest()
 
 
+def check_timestamp(timestamp: Any) -> float:
+    """Return the timestamp, or refuse it (``bad_timestamp``) if it is not a finite number of seconds: the one
+    rule of the sender's :func:`sign`, the gateway's limits and the authenticator."""
+    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
+        raise SignalRejectedError("bad_timestamp", f"timestamp must be a finite number of seconds, got {timestamp!r}")
+    return timestamp
+
+
 def canonical_bytes(envelope: SignalEnvelope) -> bytes:
     """The exact bytes the signature covers.
 
@@ -305,9 +313,7 @@ class HmacKeyRing:
 
     def verify(self, envelope: SignalEnvelope, now: float) -> None:
         self._follow_file()
-        timestamp = envelope.timestamp
-        if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-            raise SignalRejectedError("bad_timestamp", f"timestamp must be a finite number of seconds, got {timestamp!r}")
+        timestamp = check_timestamp(envelope.timestamp)
         key = self._keys.get(envelope.key_id)
         if key is None:
             raise SignalRejectedError("unknown_key", f"key id {envelope.key_id!r} is not known")
@@ -339,5 +345,12 @@ def sign_bytes(secret: bytes, envelope: SignalEnvelope) -> bytes:
 
 
 def sign(envelope: SignalEnvelope, secret: bytes) -> SignalEnvelope:
-    """Return ``envelope`` with its signature set (what a sender does)."""
+    """Return ``envelope`` with its signature set (what a sender does).
+
+    Raises:
+        SignalRejectedError: the timestamp is not a finite number of seconds (``bad_timestamp``), as every gateway
+            would refuse it.
+        SerializationError: the payload is not JSON data, or a field holds a string that is not valid Unicode.
+    """
+    check_timestamp(envelope.timestamp)
     return msgspec.structs.replace(envelope, signature=sign_bytes(secret, envelope).decode())

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any, final
 
 from runifold.errors import ConfigurationError, SerializationError, SignalRejectedError
 from runifold.history import encode_value
-from runifold.signals._auth import SignalEnvelope
+from runifold.signals._auth import SignalEnvelope, check_timestamp
 from runifold.stores._protocol import check_unreserved
 
 #: how many characters of a refused text field a rejected attempt keeps in the audit
@@ -83,9 +82,7 @@ class SignalLimits:
             raise SignalRejectedError("invalid", "reason is not valid Unicode text (or holds a NUL character)")
         if not isinstance(envelope.signature, str):
             raise SignalRejectedError("invalid", "signature must be a string")
-        timestamp = envelope.timestamp
-        if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-            raise SignalRejectedError("bad_timestamp", f"timestamp must be a finite number of seconds, got {timestamp!r}")
+        check_timestamp(envelope.timestamp)
         size = payload_size(envelope.payload)
         if size > self.max_payload_bytes:
             raise SignalRejectedError(

@@ -19,6 +19,7 @@ from runifold import (
     WorkflowTask,
     sign,
 )
+from runifold.signals._auth import sign_bytes
 from tests.stores.test_waits import ALICE, APPROVAL, BOB, envelope, keyring
 from tests.support import worker
 
@@ -37,12 +38,18 @@ async def unchanged(store: Any, ref: str) -> tuple[Any, Any]:
     return await store.get_run(ref), await store.history(ref)
 
 
+def hand_signed(made: SignalEnvelope, **changes: Any) -> SignalEnvelope:
+    """``made`` changed and signed again correctly by a sender that does not use sign() (which refuses a NaN)."""
+    changed = msgspec.structs.replace(made, **changes)
+    return msgspec.structs.replace(changed, signature=sign_bytes(ALICE, changed).decode())
+
+
 async def test_a_signed_nan_timestamp_is_refused_and_audited(store: Any) -> None:
     """A correctly signed envelope whose timestamp is NaN is refused (bad_timestamp), audited, and changes nothing."""
     await waiting_run(store)
     before = await unchanged(store, "o1")
     with pytest.raises(SignalRejectedError) as caught:
-        await gateway(store).send(envelope("o1", "s1", math.nan))
+        await gateway(store).send(hand_signed(envelope("o1", "s1", 0.0), timestamp=math.nan))
     assert caught.value.verdict == "bad_timestamp"
     assert await unchanged(store, "o1") == before
     assert [a.verdict for a in await store.audit("o1")] == ["rejected:bad_timestamp"]

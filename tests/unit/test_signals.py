@@ -13,8 +13,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from runifold import ConfigurationError, HmacKeyRing, SerializationError, SignalEnvelope, SignalRejectedError, sign
+from runifold import (
+    ConfigurationError,
+    HmacKeyRing,
+    SerializationError,
+    SignalEnvelope,
+    SignalRejectedError,
+    sign,
+)
 from runifold.signals import SignalLimits
+from runifold.signals._auth import sign_bytes
 
 ALICE = b"alice-secret-0123456789abcdef"
 
@@ -26,16 +34,26 @@ def ring() -> HmacKeyRing:
 
 
 def envelope(**changes: Any) -> SignalEnvelope:
+    return sign(unsigned(**changes), ALICE)
+
+
+def unsigned(**changes: Any) -> SignalEnvelope:
     fields: dict[str, Any] = dict(target="o1", name="approval", payload={"approved": True}, signal_id="s1",
                                   sender="alice", reason="looks good", key_id="alice-1", timestamp=1_000.0)
     fields.update(changes)
-    return sign(SignalEnvelope(**fields), ALICE)
+    return SignalEnvelope(**fields)
+
+
+def hand_signed(**changes: Any) -> SignalEnvelope:
+    """An envelope signed correctly by a sender that does not use sign() (which refuses what follows)."""
+    made = unsigned(**changes)
+    return msgspec.structs.replace(made, signature=sign_bytes(ALICE, made).decode())
 
 
 @pytest.mark.parametrize("timestamp", [math.nan, math.inf, -math.inf])
 def test_a_signed_envelope_with_a_non_finite_timestamp_is_refused(timestamp: float) -> None:
     """A correctly signed NaN or infinite timestamp never passes the freshness check (abs(nan) > 300 is false)."""
-    signed = envelope(timestamp=timestamp)
+    signed = hand_signed(timestamp=timestamp)
     with pytest.raises(SignalRejectedError) as caught:
         ring().verify(signed, 1_000.0)
     assert caught.value.verdict == "bad_timestamp"
@@ -50,6 +68,23 @@ def test_signing_an_envelope_with_invalid_unicode_is_a_serialization_error_namin
     """Found by helper-15: a lone surrogate in the reason or the signal id raised a bare UnicodeEncodeError."""
     with pytest.raises(SerializationError, match="payload" if field == "payload" else f"the signal's {field} "):
         envelope(**{field: {"text": "a\ud800"} if field == "payload" else "a\ud800"})
+
+
+@pytest.mark.parametrize("timestamp", ["1700000000", None, math.nan, math.inf, True])
+def test_sign_refuses_a_timestamp_every_gateway_refuses_with_the_gateways_verdict(timestamp: Any) -> None:
+    """helper-81: sign() signed a string, NaN or True timestamp (the gateway then refused the envelope), and raised
+    a bare TypeError for None. It refuses them as the gateway does (one rule: check_timestamp)."""
+    with pytest.raises(SignalRejectedError) as signing:
+        envelope(timestamp=timestamp)
+    with pytest.raises(SignalRejectedError) as gateway:
+        SignalLimits().check(msgspec.structs.replace(envelope(), timestamp=timestamp))
+    assert signing.value.verdict == gateway.value.verdict == "bad_timestamp"
+
+
+@pytest.mark.parametrize("payload", [{"n": math.nan}, object()])
+def test_sign_refuses_a_payload_that_is_not_json_data_with_a_serialization_error(payload: Any) -> None:
+    with pytest.raises(SerializationError, match="the signal's payload cannot be recorded"):
+        envelope(payload=payload)
 
 
 @pytest.mark.parametrize(("field", "value", "verdict"), [
