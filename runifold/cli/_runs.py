@@ -269,7 +269,7 @@ async def runs_show(args: argparse.Namespace) -> int:
         idempotency_key, attempts = effect_attempts([e.event for e in entries if e.event.key == key])
         out.append(f"effect      {printable(key)} is {state} (attempt {attempts}, idempotency key "
                    f"{printable(idempotency_key or '-')})")
-        if state == "ambiguous" and info.status.finished:
+        if info.status.finished:  # (in doubt: its body was in flight when the run was cancelled)
             out.append("            the run has finished: nothing settles it now; check the outside world by its "
                        "idempotency key")
         elif state == "ambiguous":

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
 import time
 
-from runifold import RunStatus, open_store
+from runifold import RunStatus, WorkflowTask, open_store
 from tests.cli.conftest import ROOT, Cli, key_file, run_worker_until
 
 
@@ -117,6 +118,31 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
         ("rejected:unknown_run", "ghost-order", "lost?")]
     nothing = cli("audit", "nothing-here")
     assert nothing.returncode == 1 and "no run with id or checkpoint id 'nothing-here'" in nothing.stderr
+
+
+def test_runs_show_says_nothing_settles_an_effect_in_flight_when_its_run_was_cancelled(cli: Cli) -> None:
+    """helper-81: an effect whose body was in flight when an operator cancelled its run stays in doubt for good;
+    runs show said only "in doubt", with no word that nothing will settle it or how to find out."""
+    from runifold.history import EffectStarted
+    from runifold.stores import Continue, EventRow
+
+    async def started_then_cancelled() -> str:
+        store = await open_store(cli.url)
+        try:
+            await store.enqueue(WorkflowTask("notifying", 1, {"n": 5}, checkpoint_id="f1"))
+            claim = await store.claim("w0", {"notifying"}, 30.0)
+            assert claim is not None
+            await store.commit(claim.lease, 1, [EventRow.of(EffectStarted(
+                key="notify#1", idempotency_key=f"{claim.run_id}:notify#1", attempt=1))], Continue())
+            return claim.run_id
+        finally:
+            await store.close()
+
+    run_id = asyncio.run(started_then_cancelled())
+    assert cli("cancel", "f1", "--reason", "order withdrawn", "--by", "ops").returncode == 0
+    show = cli("runs", "show", "f1").stdout
+    assert f"notify#1 is in doubt (attempt 1, idempotency key {run_id}:notify#1)" in show, show
+    assert "the run has finished: nothing settles it now; check the outside world by its idempotency key" in show
 
 
 def test_resolve_cancel_and_migrate(cli: Cli) -> None:
