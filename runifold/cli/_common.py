@@ -15,6 +15,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -87,6 +88,15 @@ def _exit_now(signum: int, frame: object) -> None:
 def without_environment(action: argparse.Action) -> None:
     """Give ``action`` no environment variable (see ``apply_environment``)."""
     action.no_environment = True  # type: ignore[attr-defined]
+
+
+def store_label(url: str) -> str:
+    """The store URL as the CLI and the pages show it: any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: bool = False) -> WorkflowStore:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,6 +20,7 @@ from runifold.cli._common import (
     positive_int,
     printable,
     registry_of,
+    store_label,
     store_of,
     table,
     table_lines,
@@ -124,11 +127,16 @@ async def runs_list(args: argparse.Namespace) -> int:
           [[r.run_id, r.checkpoint_id, f"{r.name} v{r.version}", r.status, when(r.created_at), when(finished_at(r)),
             duration(None if finished_at(r) is None else r.updated_at - r.created_at), when(r.due_at),
             r.lease_owner, clip(_reason(r), 40)] for r in runs])
-    which = " ".join(f"--{k} {v}" for k, v in (("status", args.status), ("name", args.name),
-                                               ("version", args.version)) if v is not None)
+    which = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in (("status", args.status), ("name", args.name),
+                                                               ("version", args.version)) if v is not None)
     shown = f"{len(runs)} run(s) shown of {total}{' ' + which if which else ''}, newest first"
+    if not more:
+        print(shown)
+        return 0
+    # the next page's command, as given: the store too unless it came from RUNIFOLD_STORE (its password hidden)
+    given = "" if args.store == os.environ.get("RUNIFOLD_STORE") else f"--store {shlex.quote(store_label(args.store))} "
     page = which + (f" --limit {args.limit}" if args.limit != _DEFAULT_LIMIT else "")  # the same page size again
-    print(f"{shown}; next page: runifold runs list {page + ' ' if page else ''}--after {more}" if more else shown)
+    print(f"{shown}; next page: runifold {given}runs list {page + ' ' if page else ''}--after {more}")
     return 0
 
 

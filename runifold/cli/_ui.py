@@ -6,9 +6,16 @@ import argparse
 import ipaddress
 import sys
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from runifold.cli._common import UsageError, emit_json, exit_on_stop_signals, printable, registry_of, store_of
+from runifold.cli._common import (
+    UsageError,
+    emit_json,
+    exit_on_stop_signals,
+    printable,
+    registry_of,
+    store_label,
+    store_of,
+)
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8233
 EXTRA = "pip install '/path/to/runifold[ui]' from a checkout, or 'runifold[ui]' from a package index"
@@ -59,15 +66,6 @@ def _refresh(value: str) -> int:
     if not value.isdigit() or int(value) > 3_600:
         raise argparse.ArgumentTypeError(f"{value!r} must be a whole number of seconds from 0 to 3600")
     return int(value)
-
-
-def store_label(url: str) -> str:
-    """The store URL as the pages show it: any password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 async def ui_cmd(args: argparse.Namespace) -> int:

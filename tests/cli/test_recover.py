@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -204,22 +205,10 @@ async def test_runs_list_pages_with_a_total_and_times(cli: Cli) -> None:
     assert everything["total"] == 7 and everything["next_after"] is None
     expected = [r["run_id"] for r in everything["runs"]]
     assert [r["checkpoint_id"] for r in everything["runs"]] == [f"r{i}" for i in reversed(range(7))]
-    seen: list[str] = []
-    sizes: list[int] = []
-    args = ["runs", "list", "--limit", "3"]
-    while True:
-        page = cli(*args)
-        assert page.returncode == 0
-        rows = [line.split()[0] for line in page.stdout.splitlines()[2:-1]]
-        seen += rows
-        sizes.append(len(rows))
-        footer = page.stdout.splitlines()[-1]
-        assert footer.startswith(f"{len(rows)} run(s) shown of 7")
-        if "next page" not in footer:
-            break
-        args = footer.split("next page: runifold ")[1].split()
-    assert seen == expected
-    assert sizes == [3, 3, 1]  # the hint keeps --limit (helper-73: the next pages were of 50)
+    for first, env in ((["runs", "list", "--limit", "3"], None),
+                       # the store given on the command line, not in RUNIFOLD_STORE: the hint repeats it (helper-82)
+                       (["--store", cli.url, "runs", "list", "--limit", "3"], {"RUNIFOLD_STORE": ""})):
+        _follow_pages(cli, first, env, expected)
     # a full last page offers no next page; --after takes a run id only
     full = json.loads(cli("runs", "list", "--limit", "7", "--json").stdout)
     assert len(full["runs"]) == 7 and full["next_after"] is None
@@ -231,6 +220,25 @@ async def test_runs_list_pages_with_a_total_and_times(cli: Cli) -> None:
     created, finished = table[2].split()[5:7]
     assert created.endswith("Z") and finished.endswith("Z") and "T" in created
     assert cli("runs", "list", "--status", "failed").stdout.splitlines()[-1] == "0 run(s) shown of 0 --status failed, newest first"
+
+
+def _follow_pages(cli: Cli, args: list[str], env: dict[str, str] | None, expected: list[str]) -> None:
+    """Page through ``runs list`` by running each page's next-page command as printed."""
+    seen: list[str] = []
+    sizes: list[int] = []
+    while True:
+        page = cli(*args, env=env)
+        assert page.returncode == 0, page.stderr
+        rows = [line.split()[0] for line in page.stdout.splitlines()[2:-1]]
+        seen += rows
+        sizes.append(len(rows))
+        footer = page.stdout.splitlines()[-1]
+        assert footer.startswith(f"{len(rows)} run(s) shown of 7")
+        if "next page" not in footer:
+            break
+        args = shlex.split(footer.split("next page: runifold ")[1])
+    assert seen == expected
+    assert sizes == [3, 3, 1]  # the hint keeps --limit (helper-73: the next pages were of 50)
 
 
 async def test_purge_deletes_runs_finished_before_a_time_in_batches(cli: Cli) -> None:
