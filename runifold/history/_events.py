@@ -208,7 +208,7 @@ class RunCompleted(Event, frozen=True, tag="run_completed", kw_only=True):
 class RunFailed(Event, frozen=True, tag="run_failed", kw_only=True):
     """The run failed. ``key`` names the call whose failure ended it, if one did. ``handled``: workflow code
     made calls after that failure reached it (a compensation, a cleanup in ``finally``, siblings it cancelled)
-    before the run failed, so a retry cannot give that call another attempt."""
+    before the run failed, or while handling the exception that failed the run, so a retry cannot replay it."""
 
     reason: str
     error_type: str = ""

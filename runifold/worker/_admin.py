@@ -155,7 +155,8 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
         InvalidStateError: the run has not failed, or its workflow code made
             calls after the failed call's failure reached it (a compensation, a
             cleanup in ``finally``, siblings it cancelled): a replay that gives
-            the call another attempt would not make them again.
+            the call another attempt would not make them again; or it made
+            calls while handling an error of its own that failed the run.
     """
     if not by or not reason:
         raise InvalidStateError("retrying a run needs `by` (who) and `reason` (why); both go into the history")
@@ -165,11 +166,14 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
         status = (await store.get_run(run_ref)).status
         raise InvalidStateError(f"run {run_ref} has not failed (it is {status}); only failed runs can be retried")
     if last.handled:
-        raise InvalidStateError(
-            f"run {run_ref} cannot be retried: after {last.key} failed, its workflow code made more calls (a "
-            f"compensation, a cleanup in finally, siblings it cancelled) before the run failed, and a replay in which "
-            f"{last.key} gets another attempt would not make them again; start a new run instead (enqueue it with "
-            f"another checkpoint id)")
+        why = (f"after {last.key} failed, its workflow code made more calls (a compensation, a cleanup in finally, "
+               f"siblings it cancelled) before the run failed, and a replay in which {last.key} gets another attempt "
+               f"would not make them again" if last.key else
+               "its workflow code made calls while handling the error that failed it (a compensation in an except "
+               "block, a cleanup in finally), with the values of the failing code, and a replay of fixed code would "
+               "hand those calls their recorded results")
+        raise InvalidStateError(f"run {run_ref} cannot be retried: {why}; start a new run instead (enqueue it with "
+                                f"another checkpoint id)")
     event = RunRetried(key=last.key, by=by, reason=reason)
     result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY,
                                    f"retried by {by}: {reason}")

@@ -99,6 +99,7 @@ from runifold.worker._lease import LeaseKeeping
 from runifold.worker._loop import WorkflowLoop
 from runifold.worker._bodies import HALT
 from runifold.worker._progress import LiveProgress
+from runifold.worker._handling import calls_made_handling, note_call
 from runifold.worker._replaying import WORKFLOW_BLOCKED, WORKFLOW_CANCELLED, WORKFLOW_RAISED, Replaying, clipped
 from runifold.worker._outcome import (
     Completed,
@@ -188,6 +189,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         # and, for each call whose final failure was handed to it, how many it had made by then
         self._made = 0
         self._failed_at: dict[str, int] = {}
+        self._token = object()  # marks the exceptions this execution's calls were made handling (see _handling)
         self._divergence: NondeterminismError | None = None
         self._lost: str | None = None
         self._store_error: StoreError | None = None
@@ -310,7 +312,6 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         key = scope.key(kind)
         if self._closing or self._refused is not None:
             return make()  # the run is suspended, over or failing: nothing is recorded (see _register)
-        self._made += 1
         events = self._visit(key, CallKind.VALUE)
         if events:
             event = events[0]
@@ -325,7 +326,6 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         key = scope.key("charge")
         if self._closing or self._refused is not None:
             return
-        self._made += 1
         if self._visit(key, CallKind.CHARGE):
             return
         budget = self.definition.budget.max_cost_units
@@ -341,6 +341,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
     # -- registration ---------------------------------------------------------------------
 
     def _visit(self, key: str, kind: CallKind) -> list[AnyEvent]:
+        self._made += 1  # (every call of workflow code comes here: a step, effect, wait, child, value or charge)
+        note_call(self._token)
         if self._divergence is not None:
             return []
         try:
@@ -386,7 +388,6 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             # the run fails at a refused charge: a later call records nothing and never ends (as a step the budget
             # refused: its task waits until the run's teardown)
             return Call(key, kind, self._loop.create_future(), returns, **fields)
-        self._made += 1
         events = self._visit(key, kind)
         call = Call(key, kind, self._loop.create_future(), returns, **fields)
         if self._divergence is not None:
@@ -670,8 +671,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         error_type = "" if exc is None else type_name(exc)
         tb = "" if exc is None or exc.__traceback__ is None else traceback_of(exc)
         # invariant: a retry gives the failed call another attempt only if workflow code made no call after its
-        # failure reached it: a replay in which that call succeeds would not make those calls again
-        handled = key in self._failed_at and self._failed_at[key] != self._made
+        # failure reached it (a replay in which that call succeeds would not make those calls again), and replays
+        # a failure of the code's own only if it made no call while handling it (see _handling)
+        handled = key in self._failed_at and self._failed_at[key] != self._made or calls_made_handling(exc, self._token)
         self._buffer.append(RunFailed(key=key, reason=reason, error_type=error_type, traceback=tb, handled=handled))
         await self._commit(Finish(RunStatus.FAILED, reason))
         self.log.error("run_failed", reason=reason, error_type=error_type, revision=self.revision)

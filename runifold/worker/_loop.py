@@ -246,7 +246,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         if binding is not None:
             # invariant: the i-th task created from scope s gets scope s + "i/", on every replay alike
             scope = self._listed_scope(binding.scope, coro) or binding.scope.child()
-            ctx.run(current.set, Binding(binding.driver, scope))
+            # (a task created while an exception is handled makes its calls while handling it: see _handling)
+            ctx.run(current.set, Binding(binding.driver, scope, sys.exc_info()[1] or binding.handling))
         return self._task(coro, ctx, name)
 
     def _listed_scope(self, scope: Scope, coro: Any) -> Scope | None:

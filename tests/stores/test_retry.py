@@ -309,3 +309,99 @@ async def test_retrying_a_run_that_failed_in_its_own_code_warns_that_no_call_get
     with caplog.at_level("WARNING", logger="runifold.admin"):
         await retry_run(store, "own2", by="ops", reason="the railway is back")
     assert not [r for r in caplog.records if r.name == "runifold.admin" and r.levelname == "WARNING"]
+
+
+# -- a failure of the workflow's own code, and calls made while handling it (helper-82) ---------------------------
+
+#: while set, the workflow's own code raises KeyError (a payload read with the wrong key); the "deploy" clears it
+code_broken = {"read": True}
+
+
+@pytest.fixture(autouse=True)
+def _reset_code() -> None:
+    code_broken["read"] = True
+
+
+def read_status(order: dict[str, Any]) -> str:
+    return order["approved"] if code_broken["read"] else order.get("status", "declined")
+
+
+@workflow("receipt-in-finally")
+async def receipt_in_finally(ctx: WorkflowContext, trip: str) -> str:
+    status = "pending"
+    try:
+        await book_hotel(trip)
+        status = read_status({"status": "declined"})
+        return status
+    finally:
+        await quick(status)  # the receipt: sent with the status of the code that ran
+
+
+@workflow("compensate-and-raise")
+async def compensate_and_raise(ctx: WorkflowContext, trip: str) -> str:
+    hotel = await book_hotel(trip)
+    try:
+        return read_status({"status": "declined"})
+    except KeyError:
+        await cancel_hotel(hotel)
+        raise
+
+
+@workflow("gather-in-finally")
+async def gather_in_finally(ctx: WorkflowContext, trip: str) -> str:
+    status = "pending"
+    try:
+        status = read_status({"status": "declined"})
+        return status
+    finally:
+        await asyncio.gather(quick(status), cancel_hotel(status))  # tasks created while the error is handled
+
+
+@workflow("now-while-handling")
+async def now_while_handling(ctx: WorkflowContext, trip: str) -> str:
+    try:
+        return read_status({"status": "declined"})
+    except KeyError as exc:
+        raise ValueError(f"unreadable at {ctx.now()}") from exc  # a value drawn while handling, then another error
+
+
+@workflow("handled-then-own-error")
+async def handled_then_own_error(ctx: WorkflowContext, trip: str) -> str:
+    try:
+        raise LookupError("no cached quote")
+    except LookupError:
+        await quick("fallback")  # handled: the code goes on from it
+    await book_hotel(trip)
+    return read_status({"status": "declined"})  # an error unrelated to the one handled above
+
+
+OWN_ERRORS = {fn.__name__: WorkflowDefinition(fn) for fn in
+              (receipt_in_finally, compensate_and_raise, gather_in_finally, now_while_handling, handled_then_own_error)}
+
+
+@pytest.mark.parametrize("name", ["receipt_in_finally", "compensate_and_raise", "gather_in_finally",
+                                  "now_while_handling"])
+async def test_a_failure_of_the_codes_own_that_it_made_calls_handling_is_refused(store: Any, name: str) -> None:
+    """helper-82: the workflow's own code raised, and a finally sent a receipt with the failing code's values. The
+    retry was accepted; after the fix the replay handed the receipt call its recorded result, so the run completed
+    "declined" while the only receipt sent said "pending", and replay called it clean. Calls made while handling the
+    error (in except or finally, in tasks created there, a value drawn) make the failure handled: refused, history
+    untouched."""
+    failed = await _fail(store, OWN_ERRORS[name], "h1")
+    assert failed.key == "" and failed.handled, failed
+    before = await event_types(store, "h1")
+    with pytest.raises(InvalidStateError, match="cannot be retried: its workflow code made calls while handling the "
+                                                "error that failed it .* start a new run instead"):
+        await retry_run(store, "h1", by="ops", reason="read fixed")
+    assert await event_types(store, "h1") == before
+
+
+async def test_a_failure_of_the_codes_own_after_an_error_it_handled_is_retried(store: Any) -> None:
+    """Calls made while handling an error the code went on from do not refuse a later, unrelated failure: the
+    retried run completes with the fix and replays clean."""
+    definition = OWN_ERRORS["handled_then_own_error"]
+    failed = await _fail(store, definition, "h2")
+    assert failed.key == "" and not failed.handled, failed
+    await retry_run(store, "h2", by="ops", reason="read fixed")
+    code_broken["read"] = False
+    assert await _completes_and_replays(store, definition, "h2") == "declined"
