@@ -21,6 +21,7 @@ from runifold.history import (
     RunCancelled,
     RunFailed,
     RunRetried,
+    RunStarted,
     decode_event,
     effect_state,
     accept,
@@ -178,6 +179,12 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
     result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY,
                                    f"retried by {by}: {reason}")
     log.info("run_retried", run_ref=run_ref, key=last.key, by=by)
+    parent = history[0].event.parent_run_id if isinstance(history[0].event, RunStarted) else None
+    if parent is not None:
+        # a child's end is posted to its parent once, when it first finishes (helper-79)
+        log.warning("run_retried_unseen_by_its_parent", run_ref=run_ref, parent_run_id=parent,
+                    hint=f"its failure was posted to its parent {parent} when it failed; the parent does not see this "
+                         "run's new end: retry the parent's work instead if the parent must see it")
     if last.error_type == _BUDGET_EXCEEDED:
         # usage only grows: retried as it is, the run fails again at once (helper-40), except on its retry budget:
         # an operator's retry is not one of the automatic retries max_retries counts, so the call gets its attempt

@@ -25,6 +25,7 @@ from runifold import (
     WorkflowRegistry,
     WorkflowTask,
     cancel_run,
+    retry_run,
     step,
     workflow,
 )
@@ -186,6 +187,25 @@ async def test_a_parent_awaits_its_children_typed_results_and_failures(store: An
     assert await store.count_runs(name="billing") == 5
     assert all(v == 1 for v in calls.values()) and len(calls) == 4  # o1 failed before its step
     assert fold(history).children == {s.key: s.run_id for s in started}
+
+
+async def test_retrying_a_failed_child_warns_that_its_parent_does_not_see_its_new_end(
+        store: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A child's end is posted to its parent once, when it first finishes: a failed child retried afterwards
+    finishes unseen by its parent (helper-79). The retry says so, naming the parent; a run without one does not."""
+    await store.enqueue(WorkflowTask("orders", 1, {"amounts": [-1]}, checkpoint_id="p1"))
+    await run_until(store, "p1", RunStatus.COMPLETED)
+    parent = (await store.get_run("p1")).run_id
+    [failed] = await store.list_runs(status=RunStatus.FAILED, name="billing")
+    with caplog.at_level("WARNING", logger="runifold.admin"):
+        await retry_run(store, failed.run_id, by="ops", reason="amount fixed")
+        await store.enqueue(WorkflowTask("billing", 1, {"order_id": "alone", "amount": -1}, checkpoint_id="b1"))
+        await run_until(store, "b1", RunStatus.FAILED)
+        await retry_run(store, "b1", by="ops", reason="amount fixed")
+    warned = [r for r in caplog.records if r.name == "runifold.admin" and r.levelname == "WARNING"]
+    unseen = [r for r in warned if r.event == "run_retried_unseen_by_its_parent"]  # type: ignore[attr-defined]
+    assert [(r.run_ref, r.parent_run_id) for r in unseen] == [(failed.run_id, parent)]  # type: ignore[attr-defined]
+    assert f"posted to its parent {parent} when it failed" in unseen[0].hint  # type: ignore[attr-defined]
 
 
 async def test_a_childs_result_can_be_awaited_again_by_several_tasks_and_handles(store: Any) -> None:
