@@ -158,6 +158,7 @@ class NondeterminismError(RunifoldError):
         self.key = key
         self.recorded = recorded
         self.called = called
+        self.detail = detail
         super().__init__(
             f"workflow code diverges from its history at key {key!r}: history recorded "
             f"{recorded}, code called {called}{'; ' + detail if detail else ''}. Restore the "

@@ -340,7 +340,8 @@ def verdict(report: ReplayReport) -> str:
     """The replay's verdict in one line, as ``runifold replay`` prints it (and the web view shows it)."""
     if report.divergence is not None:
         d = report.divergence
-        return f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}"
+        why = f" ({d.detail})" if d.detail and d.detail not in d.called else ""
+        return f"DIVERGED at {d.key}: history recorded {d.recorded}; code called {d.called}{why}"
     if report.cancelled:
         where = f"; its code waited at {report.stopped_at}" if report.stopped_at else ""
         return f"clean: code and history agree up to the run's cancellation ({report.error}{where})"
@@ -398,9 +399,20 @@ async def replay_cmd(args: argparse.Namespace) -> int:
                             f"no such workflow (it holds: {registered}); check the name")
     if args.json:
         emit_json(as_json)
-    elif args.all:
+        return 1 if diverged else 0
+    if args.all:
         print(f"{checked} run(s) checked, {diverged} diverged")
+    if diverged:
+        print(DIVERGED_ADVICE)
     return 1 if diverged else 0
+
+
+#: what ``runifold replay`` says once after any diverged run
+DIVERGED_ADVICE = (
+    "what to do: code that diverges cannot continue a run; keep (or restore) the code each run ran for its version, "
+    "and register a change as a new version beside it (docs/operations.md, Deploying new workflow code); once "
+    "matching code is deployed, `runifold wake RUN` retries a diverged run now. If the code did not change, it is not "
+    "deterministic: use ctx.now(), ctx.uuid() and ctx.random() instead of the clock and the random and uuid modules")
 
 
 async def _one(report: ReplayReport) -> AsyncIterator[ReplayReport]:

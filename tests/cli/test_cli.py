@@ -9,6 +9,7 @@ import subprocess
 import time
 
 from runifold import RunStatus, WorkflowTask, open_store
+from runifold.cli._runs import DIVERGED_ADVICE
 from tests.cli.conftest import ROOT, Cli, key_file, run_worker_until
 
 
@@ -73,7 +74,11 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     assert diverged.returncode == 1 and "DIVERGED at a#1" in diverged.stdout
     check_all = cli("--app", "tests.cli.app:changed", "replay", "--all", env={"RUNIFOLD_STATUS": "completed"})
     assert check_all.returncode == 1 and "1 run(s) checked, 1 diverged" in check_all.stdout
+    # what to do, once, after the reports (the CLI's line said what parted and nothing more)
+    for out in (diverged.stdout, check_all.stdout):
+        assert out.splitlines()[-1] == DIVERGED_ADVICE and out.count("what to do:") == 1
     assert cli("replay", "--all").returncode == 0
+    assert "what to do" not in cli("replay", "g1").stdout
     args = ["signal", "g1", "approval", "--payload", '{"ok": true}', "--signal-id", "s1", "--as", "alice", "--reason", "ship it"]
     rejected = cli(*args, "--key-file", forged, "--keys", alice)
     assert rejected.returncode == 1 and "bad_signature" in rejected.stderr

@@ -266,3 +266,18 @@ async def test_an_effect_an_operator_failed_and_a_retry_then_ran_is_listed_as_re
     assert isinstance(done, Completed) and done.output == "paid by the body", done
     report = await replay_run(store, registry, "sr1")
     assert report.clean and report.steps == [("pays_on_the_second_try#1", "replayed")], report.steps
+
+
+def test_a_divergence_verdict_gives_its_detail_once() -> None:
+    """The verdict the CLI and the web view print gives the divergence's detail (why, e.g. that what cancelled a call
+    no longer does), which it dropped, unless what the code called already says it."""
+    from runifold.errors import NondeterminismError
+    from runifold.worker._call import ReplayReport
+
+    stuck = ReplayReport("r1", divergence=NondeterminismError(
+        "wait#1", "that the workflow stopped waiting for wait#1 here (it cancelled the call)",
+        "code that still waits for it and for nothing else", "whatever cancelled the call no longer does"))
+    assert verdict(stuck).endswith("code called code that still waits for it and for nothing else (whatever "
+                                   "cancelled the call no longer does)")
+    said = ReplayReport("r1", divergence=NondeterminismError("(input)", "the input {}", "a signature (x)", "x"))
+    assert verdict(said) == "DIVERGED at (input): history recorded the input {}; code called a signature (x)"
