@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from runifold.cli._common import (
+    DEFAULT_STORE,
     ArgumentError,
     without_environment,
     clip,
@@ -133,10 +134,13 @@ async def runs_list(args: argparse.Namespace) -> int:
     if not more:
         print(shown)
         return 0
-    # the next page's command, as given: the store too unless it came from RUNIFOLD_STORE (its password hidden)
-    given = "" if args.store == os.environ.get("RUNIFOLD_STORE") else f"--store {shlex.quote(store_label(args.store))} "
-    page = which + (f" --limit {args.limit}" if args.limit != _DEFAULT_LIMIT else "")  # the same page size again
-    print(f"{shown}; next page: runifold {given}runs list {page + ' ' if page else ''}--after {more}")
+    # the next page's command, as given: the store too unless it came from RUNIFOLD_STORE or the default (its
+    # password hidden), the same filters and page size
+    given = "" if args.store == os.environ.get("RUNIFOLD_STORE", DEFAULT_STORE) else store_label(args.store)
+    command = ["runifold", *(["--store", shlex.quote(given)] if given else []), "runs", "list", *which.split(" "),
+               *(["--limit", str(args.limit)] if args.limit != _DEFAULT_LIMIT else []), "--after", more]
+    hidden = " (with the store's password in place of ***)" if given and given != args.store else ""
+    print(f"{shown}; next page: {' '.join(c for c in command if c)}{hidden}")
     return 0
 
 

@@ -96,15 +96,13 @@ class Driver(Protocol):
 
 
 class Binding:
-    """The driver and scope of the task running workflow code, and the exception being handled where the task
-    was created (see runifold.worker._handling)."""
+    """The driver and scope of the task running workflow code."""
 
-    __slots__ = ("driver", "handling", "scope")
+    __slots__ = ("driver", "scope")
 
-    def __init__(self, driver: Driver, scope: Scope, handling: BaseException | None = None) -> None:
+    def __init__(self, driver: Driver, scope: Scope) -> None:
         self.driver = driver
         self.scope = scope
-        self.handling = handling
 
 
 current: contextvars.ContextVar[Binding | None] = contextvars.ContextVar("runifold_binding", default=None)
@@ -128,7 +126,7 @@ def here(binding: Binding) -> Binding:
     child scope instead, as a task created there would, at the same point on every replay.
     """
     if asyncio.current_task() is None:
-        return Binding(binding.driver, binding.scope.child(), binding.handling)
+        return Binding(binding.driver, binding.scope.child())
     return binding
 
 

@@ -62,9 +62,13 @@ def payload_hash(payload: Any) -> str:
 def check_timestamp(timestamp: Any) -> float:
     """Return the timestamp, or refuse it (``bad_timestamp``) if it is not a finite number of seconds: the one
     rule of the sender's :func:`sign`, the gateway's limits and the authenticator."""
-    if isinstance(timestamp, bool) or not isinstance(timestamp, (int, float)) or not math.isfinite(timestamp):
-        raise SignalRejectedError("bad_timestamp", f"timestamp must be a finite number of seconds, got {timestamp!r}")
-    return timestamp
+    try:
+        finite = not isinstance(timestamp, bool) and isinstance(timestamp, (int, float)) and math.isfinite(timestamp)
+    except OverflowError:  # an int past a float's range (10**400)
+        finite = False
+    if not finite:
+        raise SignalRejectedError("bad_timestamp", f"timestamp must be a finite number of seconds, got {timestamp!r:.60}")
+    return float(timestamp)
 
 
 def canonical_bytes(envelope: SignalEnvelope) -> bytes:

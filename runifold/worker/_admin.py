@@ -200,7 +200,9 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
         # that does not fit, an error of its own), and replays to the same failure unless the code changed
         log.warning("run_retried_without_a_new_attempt", run_ref=run_ref, reason=last.reason,
                     hint="no call gets another attempt: the run fails again the same way unless the code your workers "
-                         "run for its version changed (deploy the fix first)")
+                         "run for its version changed (deploy the fix first); calls other tasks made because of the "
+                         "failure (a TaskGroup sibling's finally, a task a finally woke) return their recorded results "
+                         "to the fixed code: if the run made such calls, start a new run instead")
     return result
 
 

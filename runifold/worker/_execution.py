@@ -99,7 +99,6 @@ from runifold.worker._lease import LeaseKeeping
 from runifold.worker._loop import WorkflowLoop
 from runifold.worker._bodies import HALT
 from runifold.worker._progress import LiveProgress
-from runifold.worker._handling import calls_made_handling, note_call
 from runifold.worker._replaying import WORKFLOW_BLOCKED, WORKFLOW_CANCELLED, WORKFLOW_RAISED, Replaying, clipped
 from runifold.worker._outcome import (
     Completed,
@@ -189,7 +188,6 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         # and, for each call whose final failure was handed to it, how many it had made by then
         self._made = 0
         self._failed_at: dict[str, int] = {}
-        self._token = object()  # marks the exceptions this execution's calls were made handling (see _handling)
         self._divergence: NondeterminismError | None = None
         self._lost: str | None = None
         self._store_error: StoreError | None = None
@@ -342,7 +340,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 
     def _visit(self, key: str, kind: CallKind) -> list[AnyEvent]:
         self._made += 1  # (every call of workflow code comes here: a step, effect, wait, child, value or charge)
-        note_call(self._token)
+        self._loop.handled.note()  # (what workflow code is handling: see _handling)
         if self._divergence is not None:
             return []
         try:
@@ -672,8 +670,8 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         tb = "" if exc is None or exc.__traceback__ is None else traceback_of(exc)
         # invariant: a retry gives the failed call another attempt only if workflow code made no call after its
         # failure reached it (a replay in which that call succeeds would not make those calls again), and replays
-        # a failure of the code's own only if it made no call while handling it (see _handling)
-        handled = key in self._failed_at and self._failed_at[key] != self._made or calls_made_handling(exc, self._token)
+        # a failure of the code's own (no call's) only if it made no call while handling it (see _handling)
+        handled = self._failed_at[key] != self._made if key in self._failed_at else not key and self._loop.handled.led_to(exc)
         self._buffer.append(RunFailed(key=key, reason=reason, error_type=error_type, traceback=tb, handled=handled))
         await self._commit(Finish(RunStatus.FAILED, reason))
         self.log.error("run_failed", reason=reason, error_type=error_type, revision=self.revision)

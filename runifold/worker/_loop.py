@@ -43,6 +43,7 @@ from typing import Any
 from runifold._log import Logger, get_logger
 
 from runifold.dsl._context import Binding, Scope, current, here
+from runifold.worker._handling import HandledErrors
 
 log = get_logger("runifold.worker")
 
@@ -103,6 +104,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         #: the asyncio.as_completed call creating tasks now: its frame, the list it was given, the task number
         #: before the first, and how many of its coroutines are still to be created
         self._listing: tuple[Any, Sequence[Any], int, int] | None = None
+        #: the exceptions workflow code made calls or created tasks while handling (the driver notes its calls)
+        self.handled = HandledErrors()
         #: the worker loop's async generator hooks, and this loop's finalizer (see _finalize_asyncgen)
         self._outer_hooks = sys.get_asyncgen_hooks()
         self._finalizer = self._finalize_asyncgen
@@ -246,8 +249,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         if binding is not None:
             # invariant: the i-th task created from scope s gets scope s + "i/", on every replay alike
             scope = self._listed_scope(binding.scope, coro) or binding.scope.child()
-            # (a task created while an exception is handled makes its calls while handling it: see _handling)
-            ctx.run(current.set, Binding(binding.driver, scope, sys.exc_info()[1] or binding.handling))
+            ctx.run(current.set, Binding(binding.driver, scope))
+        self.handled.note()  # a task created while an exception is handled makes its calls because of it
         return self._task(coro, ctx, name)
 
     def _listed_scope(self, scope: Scope, coro: Any) -> Scope | None:

@@ -236,7 +236,9 @@ def _follow_pages(cli: Cli, args: list[str], env: dict[str, str] | None, expecte
         assert footer.startswith(f"{len(rows)} run(s) shown of 7")
         if "next page" not in footer:
             break
-        args = shlex.split(footer.split("next page: runifold ")[1])
+        command = footer.split("next page: ")[1]
+        assert "  " not in command and ("--store" in command) == ("--store" in args), command  # (helper-84)
+        args = shlex.split(command)[1:]
     assert seen == expected
     assert sizes == [3, 3, 1]  # the hint keeps --limit (helper-73: the next pages were of 50)
 

@@ -10,6 +10,9 @@ replays cleanly against its code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -375,12 +378,76 @@ async def handled_then_own_error(ctx: WorkflowContext, trip: str) -> str:
     return read_status({"status": "declined"})  # an error unrelated to the one handled above
 
 
+@workflow("nested-except-in-finally")
+async def nested_except_in_finally(ctx: WorkflowContext, trip: str) -> str:
+    status = "pending"
+    try:
+        status = read_status({"status": "declined"})
+        return status
+    finally:
+        try:
+            {}["receipt"]  # a lookup that misses, handled here while the failing error passes through
+        except KeyError:
+            await quick(status)
+
+
+@workflow("except-star-compensates")
+async def except_star_compensates(ctx: WorkflowContext, trip: str) -> str:
+    async def reader() -> str:
+        return read_status({"status": "declined"})
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            task = group.create_task(reader())
+        return task.result()
+    except* KeyError:
+        await quick("pending")  # except* handles a copy of the group, with the same members
+        raise
+
+
+class Receipt:
+    def __init__(self, box: dict[str, str]) -> None:
+        self.box = box
+
+    async def __aenter__(self) -> Receipt:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await quick(self.box["status"])
+
+
+@workflow("receipt-in-aexit")
+async def receipt_in_aexit(ctx: WorkflowContext, trip: str) -> str:
+    box = {"status": "pending"}
+    async with Receipt(box):
+        box["status"] = read_status({"status": "declined"})
+    return box["status"]
+
+
+@contextlib.asynccontextmanager
+async def receipted(box: dict[str, str]) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await quick(box["status"])
+
+
+@workflow("receipt-in-a-context-manager")
+async def receipt_in_a_context_manager(ctx: WorkflowContext, trip: str) -> str:
+    box = {"status": "pending"}
+    async with receipted(box):
+        box["status"] = read_status({"status": "declined"})
+    return box["status"]
+
+
 OWN_ERRORS = {fn.__name__: WorkflowDefinition(fn) for fn in
-              (receipt_in_finally, compensate_and_raise, gather_in_finally, now_while_handling, handled_then_own_error)}
+              (receipt_in_finally, compensate_and_raise, gather_in_finally, now_while_handling, handled_then_own_error,
+               nested_except_in_finally, except_star_compensates, receipt_in_aexit, receipt_in_a_context_manager)}
 
 
 @pytest.mark.parametrize("name", ["receipt_in_finally", "compensate_and_raise", "gather_in_finally",
-                                  "now_while_handling"])
+                                  "now_while_handling", "nested_except_in_finally", "except_star_compensates",
+                                  "receipt_in_aexit", "receipt_in_a_context_manager"])
 async def test_a_failure_of_the_codes_own_that_it_made_calls_handling_is_refused(store: Any, name: str) -> None:
     """helper-82: the workflow's own code raised, and a finally sent a receipt with the failing code's values. The
     retry was accepted; after the fix the replay handed the receipt call its recorded result, so the run completed
@@ -405,3 +472,76 @@ async def test_a_failure_of_the_codes_own_after_an_error_it_handled_is_retried(s
     await retry_run(store, "h2", by="ops", reason="read fixed")
     code_broken["read"] = False
     assert await _completes_and_replays(store, definition, "h2") == "declined"
+
+
+@step(retry=RetryPolicy(max_attempts=1))
+async def fetch_rate(currency: str) -> float:
+    ran.append("fetch_rate")
+    if broken["flight"]:
+        raise ConnectionError("the rates provider is down")
+    return 1.25
+
+
+@workflow("cached-rate")
+async def cached_rate(ctx: WorkflowContext, trip: str) -> float:
+    try:
+        return {"USD": 1.0}["EUR"]
+    except KeyError:  # a cache miss: the step is the fallback, and its failure fails the run
+        return await fetch_rate("EUR")
+
+
+async def test_a_step_that_fails_while_the_code_handles_another_error_gets_its_attempt(store: Any) -> None:
+    """helper-84: a step called in an except block (a fallback) failed for good. Its failure carries the handled
+    error as its context, which the first version of the rule took for a call made because of the failure: the retry
+    was refused, saying the code made calls after the step failed. It gets the step another attempt."""
+    definition = WorkflowDefinition(cached_rate)
+    failed = await _fail(store, definition, "f1")
+    assert failed.key == "fetch_rate#1" and not failed.handled
+    broken["flight"] = False
+    await retry_run(store, "f1", by="ops", reason="rates are back")
+    assert await _completes_and_replays(store, definition, "f1") == 1.25
+
+
+class CheckFailed(Exception):
+    def __init__(self, field: str) -> None:
+        super().__init__(field)
+        self.field = field
+
+
+#: one exception instance, raised by every run (a module-level constant, as some libraries keep)
+SHARED = CheckFailed("zip")
+
+
+@workflow("reads-its-error")
+async def reads_its_error(ctx: WorkflowContext, trip: str) -> str:
+    try:
+        raise CheckFailed("zip")
+    except CheckFailed as exc:
+        await quick("logged")  # a call while handling: the error's attributes stay what the code set
+        return await quick(json.dumps(vars(exc)))
+
+
+@workflow("raises-a-shared-error")
+async def raises_a_shared_error(ctx: WorkflowContext, trip: str) -> str:
+    try:
+        raise SHARED
+    finally:
+        if trip == "with-receipt":
+            await quick("pending")
+
+
+async def test_what_a_run_handles_is_its_own_and_never_written_on_the_error(store: Any) -> None:
+    """helper-84: the first version marked the exception object itself: workflow code reading vars(exc) got the mark
+    (json.dumps failed, the run with it), and two runs raising one shared instance overwrote each other's mark. The
+    execution holds what its code handled; the error is left as it is, and each run is judged by its own calls."""
+    await store.enqueue(WorkflowTask("reads-its-error", 1, {"trip": "x"}, checkpoint_id="v1"))
+    done = await until_completed(store, WorkflowDefinition(reads_its_error))
+    assert isinstance(done, Completed) and done.output == 'quick {"field": "zip"}'
+    assert vars(SHARED) == {"field": "zip"}
+    definition = WorkflowDefinition(raises_a_shared_error)
+    await store.enqueue(WorkflowTask("raises-a-shared-error", 1, {"trip": "with-receipt"}, checkpoint_id="s1"))
+    await store.enqueue(WorkflowTask("raises-a-shared-error", 1, {"trip": "plain"}, checkpoint_id="s2"))
+    for _ in range(2):
+        assert isinstance(await worker(store, definition).run_once(), Failed)
+    assert [(await entries(store, ref))[-1].event.handled for ref in ("s1", "s2")] == [True, False]  # type: ignore[attr-defined]
+    assert vars(SHARED) == {"field": "zip"}

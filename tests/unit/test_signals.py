@@ -70,10 +70,11 @@ def test_signing_an_envelope_with_invalid_unicode_is_a_serialization_error_namin
         envelope(**{field: {"text": "a\ud800"} if field == "payload" else "a\ud800"})
 
 
-@pytest.mark.parametrize("timestamp", ["1700000000", None, math.nan, math.inf, True])
+@pytest.mark.parametrize("timestamp", ["1700000000", None, math.nan, math.inf, True, 10**400])
 def test_sign_refuses_a_timestamp_every_gateway_refuses_with_the_gateways_verdict(timestamp: Any) -> None:
     """helper-81: sign() signed a string, NaN or True timestamp (the gateway then refused the envelope), and raised
-    a bare TypeError for None. It refuses them as the gateway does (one rule: check_timestamp)."""
+    a bare TypeError for None. It refuses them as the gateway does (one rule: check_timestamp); an int past a float's
+    range raised OverflowError on both sides (helper-84)."""
     with pytest.raises(SignalRejectedError) as signing:
         envelope(timestamp=timestamp)
     with pytest.raises(SignalRejectedError) as gateway:
