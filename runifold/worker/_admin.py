@@ -167,9 +167,10 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
         status = (await store.get_run(run_ref)).status
         raise InvalidStateError(f"run {run_ref} has not failed (it is {status}); only failed runs can be retried")
     if last.handled:
-        why = (f"after {last.key} failed, its workflow code made more calls (a compensation, a cleanup in finally, "
-               f"siblings it cancelled) before the run failed, and a replay in which {last.key} gets another attempt "
-               f"would not make them again" if last.key else
+        why = (f"after {last.key} failed, or while handling an error its failure came from, its workflow code made "
+               f"more calls (a compensation, a cleanup in finally, siblings it cancelled) before the run failed, and a "
+               f"replay in which {last.key} gets another attempt would not make them again, or would hand them their "
+               f"recorded results" if last.key else
                "its workflow code made calls while handling the error that failed it (a compensation in an except "
                "block, a cleanup in finally), with the values of the failing code, and a replay of fixed code would "
                "hand those calls their recorded results")
@@ -200,9 +201,11 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
         # that does not fit, an error of its own), and replays to the same failure unless the code changed
         log.warning("run_retried_without_a_new_attempt", run_ref=run_ref, reason=last.reason,
                     hint="no call gets another attempt: the run fails again the same way unless the code your workers "
-                         "run for its version changed (deploy the fix first); calls other tasks made because of the "
-                         "failure (a TaskGroup sibling's finally, a task a finally woke) return their recorded results "
-                         "to the fixed code: if the run made such calls, start a new run instead")
+                         "run for its version changed (deploy the fix first); calls made because of the failure that "
+                         "the check cannot see (in a TaskGroup sibling's finally, a task a finally woke or a callback "
+                         "created, an async generator's finally, a compensation before a new error, between storing an "
+                         "error and raising it) return their recorded results to the fixed code: if the run made "
+                         "such calls, start a new run instead (docs/operations.md, Failed runs)")
     return result
 
 

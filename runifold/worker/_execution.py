@@ -340,7 +340,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 
     def _visit(self, key: str, kind: CallKind) -> list[AnyEvent]:
         self._made += 1  # (every call of workflow code comes here: a step, effect, wait, child, value or charge)
-        self._loop.handled.note()  # (what workflow code is handling: see _handling)
+        self._loop.handled.note(key)  # (what workflow code is handling: see _handling)
         if self._divergence is not None:
             return []
         try:
@@ -669,9 +669,9 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
         error_type = "" if exc is None else type_name(exc)
         tb = "" if exc is None or exc.__traceback__ is None else traceback_of(exc)
         # invariant: a retry gives the failed call another attempt only if workflow code made no call after its
-        # failure reached it (a replay in which that call succeeds would not make those calls again), and replays
-        # a failure of the code's own (no call's) only if it made no call while handling it (see _handling)
-        handled = self._failed_at[key] != self._made if key in self._failed_at else not key and self._loop.handled.led_to(exc)
+        # failure reached it (a replay in which that call succeeds would not make those calls again), nor any other
+        # call while handling the exception that failed the run, or one of its chain (see _handling)
+        handled = key in self._failed_at and self._failed_at[key] != self._made or self._loop.handled.led_to(exc, key)
         self._buffer.append(RunFailed(key=key, reason=reason, error_type=error_type, traceback=tb, handled=handled))
         await self._commit(Finish(RunStatus.FAILED, reason))
         self.log.error("run_failed", reason=reason, error_type=error_type, revision=self.revision)

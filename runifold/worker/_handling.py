@@ -10,34 +10,30 @@ run is not retried (see ``retry_run``).
 
 Python knows which exception a frame is handling only while it handles it (``sys.exc_info()``), so each call
 notes it then, with the exceptions it was raised while handling (an ``except`` inside a ``finally``, say) and
-a group's members (``except*`` hands over a copy of the group, with the same members). The exceptions are held
-by the execution, never marked on the objects (workflow code may read their attributes), and let go once
-nothing else holds them (a long run handles many).
+a group's members (``except*`` hands over a copy of the group, with the same members). An exception is noted by
+a fingerprint (its id, type and the place it was first raised), never by a reference: holding it would hold its
+traceback's frames and whatever they hold (an async generator would then be closed at another moment than
+where workflow code lets go of it, and the replay would differ), and workflow code may read its attributes, so
+nothing is written on it either.
 
 What this cannot see: calls of other tasks the failure made run (a sibling a ``TaskGroup`` cancelled, whose
-``finally`` sends something; a task a ``finally`` wakes; a task a callback creates), and calls made after an
-exception was stored and before it is raised again. operations.md says so.
+``finally`` sends something; a task a ``finally`` wakes; a task a callback creates), calls an async
+generator's ``finally`` makes when ``aclosing`` or a ``break`` closes it, and calls made after an exception was
+stored, or handled and gone on from, before it or another is raised. operations.md says so.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from types import TracebackType
 
-#: the most exceptions of one chain looked at (a chain is short; this bounds a pathological one)
-_CHAIN_LIMIT = 100
-#: how many exceptions are held before those nothing else holds are let go
-_PRUNE_FROM = 64
-
-
-def _refs_when_held_alone() -> int:
-    """sys.getrefcount of an object the held dict alone holds, as :meth:`HandledErrors._prune` counts it."""
-    held = {0: object()}
-    counts = [sys.getrefcount(e) for e in held.values()]
-    return counts[0]
-
-
-_ALONE = _refs_when_held_alone()
+#: the most exceptions of one chain looked at (a long chain or a large group, bounded)
+_CHAIN_LIMIT = 10_000
+#: a fingerprint: the exception's id and type, and the code object, line and instruction where it was first raised
+Fingerprint = tuple[int, type, int, int, int]
+#: what a task's creation is noted as (no call key looks like it)
+TASK = "(a task)"
 
 
 def chain(exc: BaseException | None) -> Iterator[BaseException]:
@@ -54,35 +50,47 @@ def chain(exc: BaseException | None) -> Iterator[BaseException]:
             todo += [e.__cause__, e.__context__]
             if isinstance(e, BaseExceptionGroup):
                 todo += list(e.exceptions)
-        except Exception:  # an exception class that guards its attributes: its chain is not followed
+        except BaseException:  # noqa: BLE001 - a class whose attributes raise (even CancelledError): not followed
             pass
 
 
-class HandledErrors:
-    """The exceptions one execution's workflow code made calls (or created tasks) while handling."""
+def fingerprint(exc: BaseException) -> Fingerprint:
+    """What tells this exception from another that later takes its id (its place of raising is kept as it is
+    raised again, as the innermost entry of its traceback)."""
+    tb: TracebackType | None = None
+    try:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+    except BaseException:  # noqa: BLE001 - (as in chain)
+        tb = None
+    if tb is None:
+        return id(exc), type(exc), 0, 0, 0
+    return id(exc), type(exc), id(tb.tb_frame.f_code), tb.tb_lineno, tb.tb_lasti
 
-    __slots__ = ("_held", "_prune_from")
+
+class HandledErrors:
+    """The exceptions one execution's workflow code made calls (or created tasks) while handling, and the keys
+    of those calls (a task's creation has none)."""
+
+    __slots__ = ("_calls",)
 
     def __init__(self) -> None:
-        self._held: dict[int, BaseException] = {}
-        self._prune_from = _PRUNE_FROM
+        self._calls: dict[Fingerprint, set[str]] = {}
 
-    def note(self) -> None:
-        """Workflow code makes a call or creates a task now: note what it is handling, if anything."""
+    def note(self, key: str = TASK) -> None:
+        """Workflow code makes the call ``key`` (or creates a task) now: note what it is handling, if anything."""
         exc = sys.exc_info()[1]
         if exc is None:
             return
         for e in chain(exc):
-            self._held[id(e)] = e
-        if len(self._held) > self._prune_from:
-            self._prune()
+            keys = self._calls.setdefault(fingerprint(e), set())
+            if len(keys) < 2:  # (two tell whether there was another call than any one of them)
+                keys.add(key)
 
-    def led_to(self, exc: BaseException | None) -> bool:
-        """A call was made while ``exc``, or an exception of its chain, was being handled."""
-        held = self._held
-        return any(held.get(id(e)) is e for e in chain(exc))
+    def led_to(self, exc: BaseException | None, failed: str) -> bool:
+        """A call other than ``failed`` (the call whose failure fails the run, if one does) was made, or a task
+        created, while ``exc`` or an exception of its chain was being handled."""
+        calls = self._calls
+        return any(calls.get(fingerprint(e), set()) - {failed} for e in chain(exc))
 
-    def _prune(self) -> None:
-        # an exception nothing else holds can never be raised again, nor be in a failing one's chain
-        self._held = {k: e for k, e in self._held.items() if sys.getrefcount(e) > _ALONE}
-        self._prune_from = max(_PRUNE_FROM, 2 * len(self._held))

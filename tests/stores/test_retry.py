@@ -181,8 +181,9 @@ async def test_a_failure_the_code_went_on_from_is_refused(store: Any, name: str)
     failed = await _fail(store, definition, "t1")
     assert failed.handled
     before = await event_types(store, "t1")
-    with pytest.raises(InvalidStateError, match="cannot be retried: after .*book_flight#1 failed, its workflow code "
-                                                "made more calls .* start a new run instead"):
+    with pytest.raises(InvalidStateError, match="cannot be retried: after .*book_flight#1 failed, or while handling "
+                                                "an error its failure came from, its workflow code made more calls .* "
+                                                "start a new run instead"):
         await retry_run(store, "t1", by="ops", reason="the airline is back")
     assert await event_types(store, "t1") == before
     assert (await store.get_run("t1")).status is RunStatus.FAILED
@@ -440,14 +441,25 @@ async def receipt_in_a_context_manager(ctx: WorkflowContext, trip: str) -> str:
     return box["status"]
 
 
+@workflow("large-group-compensates")
+async def large_group_compensates(ctx: WorkflowContext, trip: str) -> str:
+    try:
+        read_status({"status": "declined"})
+        raise ExceptionGroup("every line unreadable", [KeyError(line) for line in range(150)])
+    except* KeyError:
+        await quick("pending")  # (helper-85: a chain walk that stopped at 100 exceptions missed the members)
+        raise
+
+
 OWN_ERRORS = {fn.__name__: WorkflowDefinition(fn) for fn in
               (receipt_in_finally, compensate_and_raise, gather_in_finally, now_while_handling, handled_then_own_error,
-               nested_except_in_finally, except_star_compensates, receipt_in_aexit, receipt_in_a_context_manager)}
+               nested_except_in_finally, except_star_compensates, receipt_in_aexit, receipt_in_a_context_manager,
+               large_group_compensates)}
 
 
 @pytest.mark.parametrize("name", ["receipt_in_finally", "compensate_and_raise", "gather_in_finally",
                                   "now_while_handling", "nested_except_in_finally", "except_star_compensates",
-                                  "receipt_in_aexit", "receipt_in_a_context_manager"])
+                                  "receipt_in_aexit", "receipt_in_a_context_manager", "large_group_compensates"])
 async def test_a_failure_of_the_codes_own_that_it_made_calls_handling_is_refused(store: Any, name: str) -> None:
     """helper-82: the workflow's own code raised, and a finally sent a receipt with the failing code's values. The
     retry was accepted; after the fix the replay handed the receipt call its recorded result, so the run completed
@@ -545,3 +557,63 @@ async def test_what_a_run_handles_is_its_own_and_never_written_on_the_error(stor
         assert isinstance(await worker(store, definition).run_once(), Failed)
     assert [(await entries(store, ref))[-1].event.handled for ref in ("s1", "s2")] == [True, False]  # type: ignore[attr-defined]
     assert vars(SHARED) == {"field": "zip"}
+
+
+@workflow("notify-in-finally")
+async def notify_in_finally(ctx: WorkflowContext, trip: str) -> str:
+    status = "pending"
+    try:
+        status = read_status({"status": "declined"})
+        return status
+    finally:
+        sent = await quick(status)  # the receipt, with the failing code's status
+        await book_flight(sent)  # fails for good: its failure, not the KeyError, fails the run
+
+
+async def test_a_step_failing_in_a_finally_after_other_calls_made_handling_the_codes_error_is_refused(
+        store: Any) -> None:
+    """helper-85: the run failed on a step's failure (so the first rule applied: no call after it), but the step was
+    called in a finally the code's own KeyError passed through, after a receipt sent with the failing status. A retry
+    with the fix replayed that receipt. Calls other than the failing one made while handling its chain refuse it."""
+    failed = await _fail(store, WorkflowDefinition(notify_in_finally), "k1")
+    assert failed.key == "book_flight#1" and failed.handled, failed
+    with pytest.raises(InvalidStateError, match="cannot be retried: after book_flight#1 failed, or while handling an "
+                                                "error its failure came from"):
+        await retry_run(store, "k1", by="ops", reason="read fixed")
+
+
+@workflow("lets-go-of-a-feed")
+async def lets_go_of_a_feed(ctx: WorkflowContext, trip: str) -> str:
+    async def lines() -> AsyncIterator[str]:
+        try:
+            yield "a"
+            yield "b"
+        finally:
+            await quick("feed closed")  # run where workflow code lets go of the generator
+
+    async def first_price() -> str:
+        feed = lines()
+        async for _ in feed:
+            break  # left unclosed: a local of this frame, which the KeyError's traceback holds
+        return {"a": "1"}["price"]
+
+    try:
+        price = await first_price()
+    except KeyError:
+        price = await quick("default price")  # a call made while handling the KeyError
+    for _ in range(3):
+        await asyncio.sleep(0)
+    await quick("done")
+    return price
+
+
+async def test_noting_what_the_code_handles_holds_nothing_of_it(store: Any) -> None:
+    """helper-85: the second version held each exception the code made calls while handling, and with it its
+    traceback's frames: an async generator such a frame held was then never closed where workflow code let go of
+    it (its finally's step never ran), and runs recorded before diverged. Nothing is held: it closes as before."""
+    await store.enqueue(WorkflowTask("lets-go-of-a-feed", 1, {"trip": "x"}, checkpoint_id="g1"))
+    done = await until_completed(store, WorkflowDefinition(lets_go_of_a_feed))
+    assert done.output == "quick default price"
+    assert ran == ["quick", "quick", "quick"]  # the fallback, the feed's finally, done
+    assert sorted(e.event.key for e in await entries(store, "g1") if "quick" in e.event.key) == [
+        "1/quick#1", "quick#1", "quick#2"]
