@@ -89,6 +89,8 @@ def encode_value(value: Any, *, what: str | Callable[[], str]) -> bytes:
             return raw
     except (RecursionError, *_ENCODE_ERRORS) as exc:
         problem = exc
+    except Exception as exc:  # the value's own code raised as it was encoded (a model's serializer, say)
+        problem = ValueError(f"encoding it raised {type(exc).__name__}: {exc}")
     cause = None if isinstance(problem, RecursionError) else problem
     name = what if isinstance(what, str) else what()
     if inspect.iscoroutine(value):
@@ -223,11 +225,21 @@ def _undecodable(type_: Any) -> str | None:
                    "you need one")
     elif _is_secret_class(cls):
         instead = _SECRETS
+    elif _is_pydantic_model(cls):
+        # (a model is decoded by pydantic where the annotation itself holds one; msgspec decodes dataclasses and
+        # Structs, and no model inside them)
+        instead = (f"a pydantic model inside a dataclass or msgspec.Struct is not decoded: make the outer class a "
+                   f"pydantic model too, or {cls.__name__} a dataclass or msgspec.Struct")
     else:
         instead = (f"annotate the JSON form of a {cls.__name__} (a str, a dict, ...), or a dataclass, msgspec.Struct "
                    "or pydantic model holding its data")
     named = f"is {cls.__name__}," if type_ is cls else f"{_spell(type_)} names {cls.__name__},"
     return f"the annotation {named} a class runifold does not decode from JSON data; {instead}"
+
+
+def _is_pydantic_model(cls: type) -> bool:
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and issubclass(cls, pydantic.BaseModel)
 
 
 def _is_secret_class(cls: type) -> bool:
@@ -318,9 +330,14 @@ def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
         adapter = _pydantic_adapter(type_) if "pydantic" in sys.modules else None
     except TypeError:  # an unhashable annotation: not a pydantic one
         adapter = None
-    if adapter is not None:
-        return adapter.validate_python(value)
+    except Exception as exc:  # pydantic builds no schema for it (a msgspec Struct beside a model, say): helper-83
+        raise UnsupportedTypeError(
+            f"the annotation {_spell(type_)} holds a pydantic model, so pydantic decodes it, and pydantic cannot "
+            f"({brief(exc)}); keep the model and the msgspec Struct in separate values, or use dataclasses or "
+            "pydantic models throughout") from exc
     try:
+        if adapter is not None:
+            return adapter.validate_python(value)
         if strict:
             return msgspec.json.decode(msgspec.json.encode(value), type=type_)
         return msgspec.convert(value, type_, strict=False)
@@ -334,6 +351,10 @@ def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
             f"the annotation {_name(type_)} is not a type runifold can decode ({exc}); for a union of several "
             "dataclasses or Structs use tagged msgspec Structs (tag=True), and give an Enum values of one kind"
         ) from exc
+    except ValueError:
+        raise
+    except Exception as exc:  # the class's own code raised building it from the data (a __post_init__, a validator)
+        raise ValueError(f"building {_name(type_)} from its data raised {type(exc).__name__}: {exc}") from exc
 
 
 class UnsupportedTypeError(ValueError):

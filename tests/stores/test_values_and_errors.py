@@ -13,6 +13,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pydantic
 import pytest
 
@@ -247,6 +248,94 @@ async def test_an_annotation_the_codec_cannot_decode_to_fails_the_step_saying_so
     assert done.output.startswith("SerializationError: step payment_method#1: the annotation")
     assert "is not a type runifold can decode (Type unions may not contain more than one" in done.output
     assert "use tagged msgspec Structs (tag=True)" in done.output
+
+
+class Sku(msgspec.Struct, frozen=True):
+    code: str
+
+
+class Price(pydantic.BaseModel):
+    cents: int
+
+
+@dataclasses.dataclass
+class Reading:
+    value: int
+
+    def __post_init__(self) -> None:
+        if self.value > 100:
+            raise RuntimeError("sensor out of range")  # neither ValueError nor TypeError
+
+
+bodies: Counter[str] = Counter()
+
+
+@step()
+async def sku_and_price() -> tuple[Sku, Price]:
+    bodies["sku_and_price"] += 1
+    return Sku("a"), Price(cents=1)
+
+
+@step()
+async def reading() -> Reading:
+    bodies["reading"] += 1
+    made = object.__new__(Reading)  # (built by a library that skips __init__)
+    made.value = 500
+    return made
+
+
+@workflow("decodes-with-user-code")
+async def decodes_with_user_code(ctx: WorkflowContext) -> list[str]:
+    errors = []
+    for call in (sku_and_price, reading):
+        try:
+            await call()
+        except StepFailedError as exc:
+            errors.append(exc.error)
+    return errors
+
+
+async def test_a_decoder_that_raises_fails_the_step_saying_so_and_never_the_worker(store: Any) -> None:
+    """helper-83: a tuple of a msgspec Struct and a pydantic model made pydantic raise its schema error out of the
+    codec, and a dataclass whose __post_init__ raised RuntimeError as it was rebuilt did the same: the worker logged
+    an unexpected error, the run was recovered lease after lease, the step's body ran again at each recovery until
+    the recovery budget failed the run. Each step now fails for good, once, saying why."""
+    bodies.clear()
+    await store.enqueue(WorkflowTask("decodes-with-user-code", 1, {}, checkpoint_id="d1"))
+    done = await worker(store, WorkflowDefinition(decodes_with_user_code)).run_once()
+    assert isinstance(done, Completed), done
+    mixed, post_init = done.output
+    assert mixed.startswith("SerializationError: step sku_and_price#1: the annotation tuple[") and (
+        "holds a pydantic model, so pydantic decodes it, and pydantic cannot" in mixed), mixed
+    assert post_init.startswith("SerializationError: step reading#1 returned a Reading that does not fit") and (
+        "building Reading from its data raised RuntimeError: sensor out of range" in post_init), post_init
+    assert bodies == {"sku_and_price": 1, "reading": 1}
+
+
+class Wrapped(msgspec.Struct):
+    price: Price
+
+
+@step()
+async def wrapped() -> Wrapped:
+    return Wrapped(Price(cents=1))
+
+
+@workflow("model-in-a-struct")
+async def model_in_a_struct(ctx: WorkflowContext) -> str:
+    try:
+        return str(await wrapped())
+    except StepFailedError as exc:
+        return exc.error
+
+
+async def test_a_pydantic_model_inside_a_struct_is_refused_saying_what_to_do(store: Any) -> None:
+    """helper-83: the refusal told the user to use a pydantic model, which the field already was."""
+    await store.enqueue(WorkflowTask("model-in-a-struct", 1, {}, checkpoint_id="m1"))
+    done = await worker(store, WorkflowDefinition(model_in_a_struct)).run_once()
+    assert isinstance(done, Completed)
+    assert ("a pydantic model inside a dataclass or msgspec.Struct is not decoded: make the outer class a pydantic "
+            "model too, or Price a dataclass or msgspec.Struct") in done.output, done.output
 
 
 @step()
