@@ -343,7 +343,10 @@ def traceback_of(exc: BaseException) -> str:
     """Return the traceback of ``exc`` as text, cut to its last ``TRACEBACK_CHARS`` characters."""
     import traceback
 
-    text = recordable("".join(traceback.format_exception(exc)).rstrip())
+    try:
+        text = recordable("".join(traceback.format_exception(exc)).rstrip())
+    except BaseException as err:  # noqa: BLE001 - its attributes raise (even CancelledError), synchronously: still a failure
+        return f"<its traceback could not be read: {type(err).__name__}>"
     if len(text) > TRACEBACK_CHARS:
         text = "...\n" + text[-TRACEBACK_CHARS:].split("\n", 1)[-1]
     return text

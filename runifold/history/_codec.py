@@ -532,5 +532,8 @@ def _name(type_: Any) -> str:
 
 
 def _describe(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception as exc:  # (a class whose __repr__ raises: the value is still refused, saying so)
+        text = f"<its repr raised {type(exc).__name__}>"
     return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"

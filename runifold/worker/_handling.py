@@ -18,8 +18,11 @@ nothing is written on it either.
 
 What this cannot see: calls of other tasks the failure made run (a sibling a ``TaskGroup`` cancelled, whose
 ``finally`` sends something; a task a ``finally`` wakes; a task a callback creates), calls an async
-generator's ``finally`` makes when ``aclosing`` or a ``break`` closes it, and calls made after an exception was
-stored, or handled and gone on from, before it or another is raised. operations.md says so.
+generator's ``finally`` makes when ``aclosing`` or a ``break`` closes it, calls made after an exception was
+stored, or handled and gone on from, before it or another is raised, and an exception raised again with a new
+traceback (``with_traceback(None)``: its place of raising moved). Python reuses the id of an exception it freed,
+so one raised where an earlier one was handled with a call may be taken for it (a refusal, never an acceptance).
+operations.md says so.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from types import TracebackType
 
 #: the most exceptions of one chain looked at (a long chain or a large group, bounded)
 _CHAIN_LIMIT = 10_000
-#: a fingerprint: the exception's id and type, and the code object, line and instruction where it was first raised
-Fingerprint = tuple[int, type, int, int, int]
+#: a fingerprint: the ids of the exception and its type, and the code object, line and instruction where it was
+#: first raised (ids only: a class may not be hashable)
+Fingerprint = tuple[int, int, int, int, int]
 #: what a task's creation is noted as (no call key looks like it)
 TASK = "(a task)"
 
@@ -65,8 +69,8 @@ def fingerprint(exc: BaseException) -> Fingerprint:
     except BaseException:  # noqa: BLE001 - (as in chain)
         tb = None
     if tb is None:
-        return id(exc), type(exc), 0, 0, 0
-    return id(exc), type(exc), id(tb.tb_frame.f_code), tb.tb_lineno, tb.tb_lasti
+        return id(exc), id(type(exc)), 0, 0, 0
+    return id(exc), id(type(exc)), id(tb.tb_frame.f_code), tb.tb_lineno, tb.tb_lasti
 
 
 class HandledErrors:

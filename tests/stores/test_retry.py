@@ -617,3 +617,50 @@ async def test_noting_what_the_code_handles_holds_nothing_of_it(store: Any) -> N
     assert ran == ["quick", "quick", "quick"]  # the fallback, the feed's finally, done
     assert sorted(e.event.key for e in await entries(store, "g1") if "quick" in e.event.key) == [
         "1/quick#1", "quick#1", "quick#2"]
+
+
+class Unhashable(type):
+    def __eq__(cls, other: object) -> bool:
+        return cls is other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class OddError(Exception, metaclass=Unhashable):
+    pass
+
+
+class GuardsItsCause(Exception):
+    def __getattribute__(self, name: str) -> Any:
+        if name == "__cause__":
+            raise asyncio.CancelledError("reading __cause__")  # (a BaseException, raised synchronously)
+        return super().__getattribute__(name)
+
+
+@workflow("odd-errors")
+async def odd_errors(ctx: WorkflowContext, trip: str) -> str:
+    try:
+        raise OddError("a class that cannot be hashed")
+    except OddError:
+        await quick("handled")
+    if trip == "fail":
+        try:
+            raise GuardsItsCause("attributes that raise")
+        finally:
+            await quick("cleanup")
+    return trip
+
+
+@pytest.mark.parametrize("trip", ["go-on", "fail"])
+async def test_odd_exception_classes_never_take_the_worker_down(store: Any, trip: str) -> None:
+    """helper-86: noting an exception whose class cannot be hashed raised TypeError out of the driver (a run that
+    never fails was recovered lease after lease until its budget failed it); an exception whose attributes raise
+    crashed the worker as its traceback was recorded. Each run ends as its code says, once."""
+    await store.enqueue(WorkflowTask("odd-errors", 1, {"trip": trip}, checkpoint_id="o1"))
+    outcome = await worker(store, WorkflowDefinition(odd_errors)).run_once()
+    if trip == "go-on":
+        assert isinstance(outcome, Completed) and outcome.output == "go-on", outcome
+        return
+    assert isinstance(outcome, Failed) and "GuardsItsCause" in outcome.reason, outcome
+    last = (await entries(store, "o1"))[-1].event
+    assert isinstance(last, RunFailed) and last.handled and last.traceback.startswith("<its traceback could not be read")

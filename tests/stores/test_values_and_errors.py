@@ -312,6 +312,42 @@ async def test_a_decoder_that_raises_fails_the_step_saying_so_and_never_the_work
     assert bodies == {"sku_and_price": 1, "reading": 1}
 
 
+@dataclasses.dataclass
+class Opaque:
+    n: int
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("__eq__ raised")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ raised")
+
+
+@step()
+async def opaque() -> Opaque:
+    bodies["opaque"] += 1
+    return Opaque(1)
+
+
+@workflow("returns-opaque")
+async def returns_opaque(ctx: WorkflowContext) -> str:
+    try:
+        await opaque()
+        return "recorded"
+    except StepFailedError as exc:
+        return exc.error
+
+
+async def test_a_result_whose_eq_and_repr_raise_fails_its_step_once(store: Any) -> None:
+    """helper-86: the refusal's message called repr() of the value, which raised out of the engine: the body ran
+    again at every recovery. It is refused once, saying its repr could not be read."""
+    bodies.clear()
+    await store.enqueue(WorkflowTask("returns-opaque", 1, {}, checkpoint_id="q1"))
+    done = await worker(store, WorkflowDefinition(returns_opaque)).run_once()
+    assert isinstance(done, Completed) and "<its repr raised RuntimeError>" in done.output, done
+    assert bodies == {"opaque": 1}
+
+
 class Wrapped(msgspec.Struct):
     price: Price
 
