@@ -15,7 +15,6 @@ import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
@@ -24,6 +23,7 @@ from runifold.history import MAX_VERSION, encode_value
 
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
+from runifold.stores._open import redacted
 from runifold.stores._open import says_readonly, sqlite_path
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
@@ -92,11 +92,7 @@ def without_environment(action: argparse.Action) -> None:
 
 def store_label(url: str) -> str:
     """The store URL as the CLI and the pages show it: any password replaced by ``***``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    return redacted(url)
 
 
 async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: bool = False) -> WorkflowStore:

@@ -413,7 +413,8 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
     except ValueError as exc:
         raise SerializationError(
             f"{what} returned a {type(value).__name__} that does not fit its annotated type "
-            f"{_name(type_)} ({brief(exc)}); return that type or fix the annotation"
+            f"{_name(type_)} ({brief(exc)}); return that type or fix the annotation (a class whose own code, a "
+            f"__post_init__ or a validator, refuses the data it is recorded as cannot come back either)"
         ) from exc
     if not _same(live, value):
         why = _unrecordable(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from runifold.errors import ConfigurationError, StoreError
 
@@ -51,6 +51,24 @@ async def open_store(url: str, *, readonly: bool = False, create: bool = True) -
     from runifold.stores.postgres import PostgresWorkflowStore
 
     return await PostgresWorkflowStore.open(url, readonly=readonly, create=create)
+
+
+def redacted(url: str) -> str:
+    """``url`` as messages, the CLI and the web view show it: a password, in its user part or a ``password=``
+    query option (libpq's forms), shown as ``***``."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # (not a URL: a SQLite path, say)
+        return url
+    query = "&".join(f"{k}=***" if k.lower() == "password" else f"{k}{sep}{v}"
+                     for k, sep, v in (item.partition("=") for item in parts.query.split("&"))) if parts.query else ""
+    if password is None and query == parts.query:
+        return url  # (nothing to hide: the URL as given, which urlunsplit might respell)
+    if password is not None:
+        user, host = parts.netloc.rpartition("@")[0].split(":", 1)[0], parts.netloc.rpartition("@")[2]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    return urlunsplit(parts._replace(query=query))
 
 
 def sqlite_path(url: str) -> str | None:

@@ -43,6 +43,7 @@ from runifold.errors import (
 from runifold.stores import _rule
 from runifold.stores._batch import Batcher
 from runifold.stores._deadlines import Deadlines
+from runifold.stores._open import redacted
 from runifold.stores._pg_pool import _CONNECTION_ERRORS, _DRIVER_ERRORS, _keepalive, _Pool
 from runifold.stores._protocol import (
     AuditRecord,
@@ -208,7 +209,7 @@ class PostgresWorkflowStore:
         except (*_DRIVER_ERRORS, asyncio.TimeoutError) as exc:
             await pool.close()
             raise StoreUnavailableError(
-                f"cannot connect to PostgreSQL at {_redact(dsn)}: {exc!r}; check that the server runs "
+                f"cannot connect to PostgreSQL at {redacted(dsn)}: {exc!r}; check that the server runs "
                 "and the URL, user and password are right"
             ) from exc
         store = cls(dsn, pool, retry_seconds=retry_seconds, poll_seconds=poll_seconds,
@@ -225,7 +226,7 @@ class PostgresWorkflowStore:
 
     async def _check_schema(self, *, migrating: bool = False) -> None:
         """The schema is there, at the version this runifold writes (``migrating``: or older, to be migrated)."""
-        where = f"PostgreSQL at {_redact(self.dsn)}"
+        where = f"PostgreSQL at {redacted(self.dsn)}"
 
         async def version(conn: asyncpg.Connection) -> int:
             if await conn.fetchval(Q["has_schema_table"]) is None:
@@ -251,7 +252,7 @@ class PostgresWorkflowStore:
                 await conn.execute(Q["create_schema_table"])
                 current = int(await conn.fetchval(Q["schema_version"]))
                 if current > SCHEMA_VERSION:
-                    raise newer_schema(f"PostgreSQL at {_redact(self.dsn)}", current, SCHEMA_VERSION)
+                    raise newer_schema(f"PostgreSQL at {redacted(self.dsn)}", current, SCHEMA_VERSION)
                 for version, sql in migrations("postgres"):
                     if version > current:
                         await conn.execute(sql)
@@ -270,7 +271,7 @@ class PostgresWorkflowStore:
         connection: a statement may still run on it.
         """
         if self._closed:
-            raise closed_store(f"PostgreSQL at {_redact(self.dsn)}")
+            raise closed_store(f"PostgreSQL at {redacted(self.dsn)}")
         loop = asyncio.get_running_loop()
         budget = self._retry_seconds if budget is None else budget
         deadline = loop.time() + budget
@@ -297,7 +298,7 @@ class PostgresWorkflowStore:
                     raise _translate(exc) from exc
                 if loop.time() + delay >= deadline:
                     raise StoreUnavailableError(
-                        f"PostgreSQL at {_redact(self.dsn)} stayed unreachable for {budget:g} s "
+                        f"PostgreSQL at {redacted(self.dsn)} stayed unreachable for {budget:g} s "
                         f"({exc!r}); check the server and the network, then retry"
                     ) from exc
                 log.warning("postgres_retry", error=repr(exc), delay=delay)
@@ -692,13 +693,3 @@ def _logged(task: asyncio.Future[None]) -> None:
     """Log a failed hand-back; the run's lease then expires on its own and another claim takes it."""
     if not task.cancelled() and task.exception() is not None:
         log.warning("claim_not_released", error=repr(task.exception()))
-
-
-def _redact(dsn: str) -> str:
-    """Hide a password in a DSN for error messages."""
-    if "@" not in dsn or "://" not in dsn:
-        return dsn
-    scheme, rest = dsn.split("://", 1)
-    credentials, host = rest.rsplit("@", 1)
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}" if ":" in credentials else dsn

@@ -173,7 +173,8 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
                f"recorded results" if last.key else
                "its workflow code made calls while handling the error that failed it (a compensation in an except "
                "block, a cleanup in finally), with the values of the failing code, and a replay of fixed code would "
-               "hand those calls their recorded results")
+               "hand those calls their recorded results (or the error was raised where one the code handled with a "
+               "call was raised before: docs/operations.md, Failed runs)")
         raise InvalidStateError(f"run {run_ref} cannot be retried: {why}; start a new run instead (enqueue it with "
                                 f"another checkpoint id)")
     event = RunRetried(key=last.key, by=by, reason=reason)

@@ -432,3 +432,12 @@ def test_console_log_lines_give_store_times_as_iso() -> None:
     line = ConsoleFormatter().format(records[0])
     assert "schedule_fired schedule=s tick=2026-12-01T16:37:30.000Z retry_at=2026-12-01T16:37:31.500Z attempt=2" \
         in line, line
+
+
+def test_a_password_in_the_query_of_a_postgresql_url_is_never_printed(cli: Cli) -> None:
+    """helper-87: libpq's `?password=` form was printed in clear by the store's connection error (and by runs list's
+    next-page hint); it is shown as *** like a password in the user part."""
+    refused = cli("--store", "postgresql://ops@127.0.0.1:1/runs?password=s3cret&sslmode=disable", "runs", "list")
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "s3cret" not in refused.stderr and "postgresql://ops@127.0.0.1:1/runs?password=***&sslmode=disable" in (
+        refused.stderr), refused.stderr

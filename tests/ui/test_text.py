@@ -25,6 +25,11 @@ def test_store_label_hides_a_password() -> None:
     assert store_label("postgresql://ops:s3cret@db.internal:5432/runs") == "postgresql://ops:***@db.internal:5432/runs"
     assert store_label("postgresql://ops@db/runs") == "postgresql://ops@db/runs"
     assert store_label("sqlite:///runifold-workflows.db") == "sqlite:///runifold-workflows.db"
+    # libpq's query form too (helper-87: runs list's next-page hint and the store's errors printed it in clear)
+    assert store_label("postgresql://ops@db/runs?password=s3cret&sslmode=disable") == (
+        "postgresql://ops@db/runs?password=***&sslmode=disable")
+    assert store_label("postgresql://ops:a@db/runs?PASSWORD=b") == "postgresql://ops:***@db/runs?PASSWORD=***"
+    assert store_label("postgresql://db/runs?sslmode=require") == "postgresql://db/runs?sslmode=require"
 
 
 def test_timeline_times_gaps_calls_and_names_who_acted() -> None:
