@@ -441,3 +441,6 @@ def test_a_password_in_the_query_of_a_postgresql_url_is_never_printed(cli: Cli) 
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert "s3cret" not in refused.stderr and "postgresql://ops@127.0.0.1:1/runs?password=***&sslmode=disable" in (
         refused.stderr), refused.stderr
+    drill = cli("--store", "postgresql://ops@127.0.0.1:1/runs?password=s3cret", "drill")
+    assert drill.returncode == 2 and "s3cret" not in drill.stdout + drill.stderr, (drill.stdout, drill.stderr)
+    assert drill.stdout.startswith("recovery drill against 127.0.0.1:1/runs?password=***"), drill.stdout
