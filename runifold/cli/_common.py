@@ -23,7 +23,6 @@ from runifold.history import MAX_VERSION, encode_value
 
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
-from runifold.stores._open import redacted
 from runifold.stores._open import says_readonly, sqlite_path
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
@@ -88,11 +87,6 @@ def _exit_now(signum: int, frame: object) -> None:
 def without_environment(action: argparse.Action) -> None:
     """Give ``action`` no environment variable (see ``apply_environment``)."""
     action.no_environment = True  # type: ignore[attr-defined]
-
-
-def store_label(url: str) -> str:
-    """The store URL as the CLI and the pages show it: any password replaced by ``***``."""
-    return redacted(url)
 
 
 async def store_of(args: argparse.Namespace, *, readonly: bool = False, create: bool = False) -> WorkflowStore:

@@ -9,8 +9,9 @@ import signal
 import sys
 import time
 
-from runifold.cli._common import emit_json, printable, refuse_memory, refuse_readonly, store_label
+from runifold.cli._common import emit_json, printable, refuse_memory, refuse_readonly
 from runifold.drill import DrillStep, run_drill
+from runifold.stores._open import redacted
 
 
 #: the exit status of a drill stopped by SIGTERM (128 + 15, as a shell reports a process it ended)
@@ -36,7 +37,7 @@ async def drill_cmd(args: argparse.Namespace) -> int:
     refuse_memory(args)  # its workers are processes of their own
     refuse_readonly(args)  # the drill writes its runs
     if not args.json:
-        print(f"recovery drill against {store_label(args.store).split('@')[-1]}", flush=True)  # (no password)
+        print(f"recovery drill against {redacted(args.store).split('@')[-1]}", flush=True)  # (no password)
     started = time.monotonic()
     # SIGTERM stops the drill as Ctrl-C does: its workers are stopped and its runs purged before it exits
     loop, task, terminated = asyncio.get_running_loop(), asyncio.current_task(), asyncio.Event()

@@ -21,7 +21,6 @@ from runifold.cli._common import (
     positive_int,
     printable,
     registry_of,
-    store_label,
     store_of,
     table,
     table_lines,
@@ -41,6 +40,7 @@ from runifold.history import (
     fold,
 )
 from runifold.stores import UNFINISHED, AuditRecord, RunInfo, RunStatus
+from runifold.stores._open import redacted
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
 from runifold.worker._admin import child_runs
@@ -128,19 +128,20 @@ async def runs_list(args: argparse.Namespace) -> int:
           [[r.run_id, r.checkpoint_id, f"{r.name} v{r.version}", r.status, when(r.created_at), when(finished_at(r)),
             duration(None if finished_at(r) is None else r.updated_at - r.created_at), when(r.due_at),
             r.lease_owner, clip(_reason(r), 40)] for r in runs])
-    which = " ".join(f"--{k} {shlex.quote(str(v))}" for k, v in (("status", args.status), ("name", args.name),
-                                                               ("version", args.version)) if v is not None)
+    filters = [part for k, v in (("status", args.status), ("name", args.name), ("version", args.version))
+               if v is not None for part in (f"--{k}", shlex.quote(str(v)))]
+    which = " ".join(filters)
     shown = f"{len(runs)} run(s) shown of {total}{' ' + which if which else ''}, newest first"
     if not more:
         print(shown)
         return 0
     # the next page's command, as given: the store too unless it came from RUNIFOLD_STORE or the default (its
     # password hidden), the same filters and page size
-    given = "" if args.store == os.environ.get("RUNIFOLD_STORE", DEFAULT_STORE) else store_label(args.store)
-    command = ["runifold", *(["--store", shlex.quote(given)] if given else []), "runs", "list", *which.split(" "),
+    given = "" if args.store == os.environ.get("RUNIFOLD_STORE", DEFAULT_STORE) else redacted(args.store)
+    command = ["runifold", *(["--store", shlex.quote(given)] if given else []), "runs", "list", *filters,
                *(["--limit", str(args.limit)] if args.limit != _DEFAULT_LIMIT else []), "--after", more]
     hidden = " (with the store's password in place of ***)" if given and given != args.store else ""
-    print(f"{shown}; next page: {' '.join(c for c in command if c)}{hidden}")
+    print(f"{shown}; next page: {' '.join(command)}{hidden}")
     return 0
 
 

@@ -13,9 +13,9 @@ from runifold.cli._common import (
     exit_on_stop_signals,
     printable,
     registry_of,
-    store_label,
     store_of,
 )
+from runifold.stores._open import redacted
 
 DEFAULT_HOST, DEFAULT_PORT = "127.0.0.1", 8233
 EXTRA = "pip install '/path/to/runifold[ui]' from a checkout, or 'runifold[ui]' from a package index"
@@ -79,7 +79,7 @@ async def ui_cmd(args: argparse.Namespace) -> int:
         raise UsageError(f"`runifold ui` needs the ui extra, which is not installed (no module {exc.name!r}): "
                          f"{EXTRA}") from exc
     registry = registry_of(args) if args.app else None
-    label = store_label(args.store)
+    label = redacted(args.store)
     store = await store_of(args, readonly=True)
     try:
         try:

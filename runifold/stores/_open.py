@@ -66,8 +66,8 @@ def redacted(url: str) -> str:
     if password is None and query == parts.query:
         return url  # (nothing to hide: the URL as given, which urlunsplit might respell)
     if password is not None:
-        user, host = parts.netloc.rpartition("@")[0].split(":", 1)[0], parts.netloc.rpartition("@")[2]
-        parts = parts._replace(netloc=f"{user}:***@{host}")
+        credentials, _, host = parts.netloc.rpartition("@")
+        parts = parts._replace(netloc=f"{credentials.split(':', 1)[0]}:***@{host}")
     return urlunsplit(parts._replace(query=query))
 
 

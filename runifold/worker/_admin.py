@@ -205,8 +205,9 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
                          "run for its version changed (deploy the fix first); calls made because of the failure that "
                          "the check cannot see (in a TaskGroup sibling's finally, a task a finally woke or a callback "
                          "created, an async generator's finally, a compensation before a new error, between storing an "
-                         "error and raising it, an error raised again with a new traceback) return their recorded results to the fixed code: if the run made "
-                         "such calls, start a new run instead (docs/operations.md, Failed runs)")
+                         "error and raising it, an error raised again with a new traceback) return their recorded "
+                         "results to the fixed code: if the run made such calls, start a new run instead "
+                         "(docs/operations.md, Failed runs)")
     return result
 
 

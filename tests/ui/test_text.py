@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from runifold.cli._ui import store_label
+from runifold.stores._open import redacted as store_label
 from runifold.history import Entry, RunStarted, SignalReceived, SignalWaitStarted, StepCompleted, StepFailed
 from runifold.ui._app import show, show_lines
 from runifold.ui._timeline import timeline
