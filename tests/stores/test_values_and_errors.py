@@ -10,6 +10,7 @@ import pathlib
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -231,12 +232,17 @@ async def payment_method(kind: str) -> Card | Iban:
     return Card("4242") if kind == "card" else Iban("DE00")
 
 
-@workflow("pays")
-async def pays(ctx: WorkflowContext) -> str:
+async def outcome_text(call: Awaitable[Any]) -> str:
+    """What a step call gave, as text: its result, or the error text of its failure."""
     try:
-        return str(await payment_method("card"))
+        return str(await call)
     except StepFailedError as exc:
         return exc.error
+
+
+@workflow("pays")
+async def pays(ctx: WorkflowContext) -> str:
+    return await outcome_text(payment_method("card"))
 
 
 async def test_an_annotation_the_codec_cannot_decode_to_fails_the_step_saying_so(store: Any) -> None:
@@ -286,13 +292,7 @@ async def reading() -> Reading:
 
 @workflow("decodes-with-user-code")
 async def decodes_with_user_code(ctx: WorkflowContext) -> list[str]:
-    errors = []
-    for call in (sku_and_price, reading):
-        try:
-            await call()
-        except StepFailedError as exc:
-            errors.append(exc.error)
-    return errors
+    return [await outcome_text(call()) for call in (sku_and_price, reading)]
 
 
 async def test_a_decoder_that_raises_fails_the_step_saying_so_and_never_the_worker(store: Any) -> None:
@@ -331,11 +331,7 @@ async def opaque() -> Opaque:
 
 @workflow("returns-opaque")
 async def returns_opaque(ctx: WorkflowContext) -> str:
-    try:
-        await opaque()
-        return "recorded"
-    except StepFailedError as exc:
-        return exc.error
+    return await outcome_text(opaque())
 
 
 async def test_a_result_whose_eq_and_repr_raise_fails_its_step_once(store: Any) -> None:
@@ -359,10 +355,7 @@ async def wrapped() -> Wrapped:
 
 @workflow("model-in-a-struct")
 async def model_in_a_struct(ctx: WorkflowContext) -> str:
-    try:
-        return str(await wrapped())
-    except StepFailedError as exc:
-        return exc.error
+    return await outcome_text(wrapped())
 
 
 async def test_a_pydantic_model_inside_a_struct_is_refused_saying_what_to_do(store: Any) -> None:
@@ -381,10 +374,7 @@ async def card_typed_elsewhere() -> "ImportedOnlyForTypeChecking":  # type: igno
 
 @workflow("annotated-elsewhere")
 async def annotated_elsewhere(ctx: WorkflowContext) -> str:
-    try:
-        return str(await card_typed_elsewhere())
-    except StepFailedError as exc:
-        return exc.error
+    return await outcome_text(card_typed_elsewhere())
 
 
 async def test_an_annotation_that_cannot_be_resolved_is_named_in_the_refusal(store: Any) -> None:
@@ -454,10 +444,7 @@ SECRETS = ("the log keeps what it records in clear, so keep secrets out of input
 
 @workflow("refused")
 async def refused(ctx: WorkflowContext, name: str) -> str:
-    try:
-        return str(await REFUSED[name]())
-    except StepFailedError as exc:
-        return exc.error
+    return await outcome_text(REFUSED[name]())
 
 
 @workflow("counted")
