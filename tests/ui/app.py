@@ -170,6 +170,7 @@ async def fill(store: WorkflowStore, *, bulk_runs: int = BULK) -> Filled:
     await _enqueue(store, "approval", filled.approved, n=3)
     await _enqueue(store, "parsing", "parse-failed", text="12 EUR")
     await _enqueue(store, "payment", "pay-parked", order_id="ord_7", amount=1250)
+    await _enqueue(store, "payment", "pay-cancelled", order_id="ord_8", amount=990)
     await _enqueue(store, "evolving", "evolving-diverged", n=4)
     await _enqueue(store, "family", "family-done", n=8)  # a parent with a child run
     await _enqueue(store, "steps", "order-cancelled", n=5)
@@ -177,7 +178,9 @@ async def fill(store: WorkflowStore, *, bulk_runs: int = BULK) -> Filled:
     await _until(store, _worker(store, yesterday), {
         "order-done": RunStatus.COMPLETED, "family-done": RunStatus.COMPLETED,
         "approve-waiting": RunStatus.WAITING, filled.approved: RunStatus.WAITING,
-        "parse-failed": RunStatus.FAILED, "pay-parked": RunStatus.PARKED, "evolving-diverged": RunStatus.WAITING})
+        "parse-failed": RunStatus.FAILED, "pay-parked": RunStatus.PARKED, "pay-cancelled": RunStatus.PARKED,
+        "evolving-diverged": RunStatus.WAITING})
+    await cancel_run(store, "pay-cancelled", by="ops-carol", reason="order withdrawn")  # its effect stays in doubt
 
     ring = HmacKeyRing()
     ring.add("alice-1", "alice", ALICE_SECRET)

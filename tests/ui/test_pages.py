@@ -36,7 +36,7 @@ def test_runs_list_shows_each_status(served: Served, page: Any) -> None:
     page.goto(served.url + "runs?refresh=0")
     counts = {s.value: int(page.locator(f'#counts a[data-status="{s.value}"] b').inner_text()) for s in RunStatus}
     assert counts == {"ready": 1 + BULK, "running": 1, "waiting": 1, "parked": 1, "diverged": 1, "completed": 4,
-                      "failed": 1, "cancelled": 1}  # completed: order-done, approve-1, family-done and its child
+                      "failed": 1, "cancelled": 2}  # completed: order-done, approve-1, family-done and its child
     assert links_are_relative(page)
     served.shot(page, "runs")
     for status, ref in served.filled.refs.items():
@@ -121,8 +121,14 @@ def test_parked_run_shows_its_ambiguous_effect_with_evidence(served: Served, pag
                                               "effect_ambiguous"]
     assert "connection reset after the charge request was sent" in evidence[1]["what"]
     assert evidence[2]["what"] == "evidence: unknown (the provider's search API timed out)"
-    assert "runifold resolve" in text
+    assert "runifold resolve" in text and "nothing settles it now" not in text
     served.shot(page, "run-parked")
+    # cancelled while its effect was ambiguous: the page says nothing can settle it now, and offers no resolve
+    page.goto(served.url + "run?ref=pay-cancelled")
+    assert page.locator("#status").inner_text() == "cancelled"
+    text = page.locator('.effect[data-key="charge_card#1"]').inner_text()
+    assert "charge_card#1 is ambiguous" in text and "runifold resolve" not in text
+    assert "the run has finished: nothing settles it now; check the outside world by its idempotency key" in text
 
 
 def test_run_pages_show_waits_who_resumed_and_the_replay_verdict(served: Served, page: Any) -> None:
