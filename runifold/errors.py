@@ -198,8 +198,8 @@ class SignalConflictError(SignalRejectedError):
         super().__init__(
             "conflict",
             f"signal id {signal_id!r} was already used for run {run_id} with a different name, payload, sender "
-            "or reason; "
-            "a signal id names one signal: use a new id for a new signal",
+            f"or reason (`runifold audit {run_id}` says which); a signal id names one signal: use a new id for a "
+            "new signal",
         )
 
 
