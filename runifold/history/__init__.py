@@ -32,6 +32,7 @@ from runifold.history._codec import (
     decode_event,
     encode_event,
     encode_value,
+    in_one_order,
     record,
     to_plain,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
     "WaitReceived", "WaitState", "WaitTimedOut", "canonical", "canonical_json", "convert", "decode_event",
-    "effect_attempts", "effect_state", "not_applied", "encode_event", "encode_value", "fold", "is_version", "kind_of", "record",
+    "effect_attempts", "effect_state", "not_applied", "encode_event", "encode_value", "fold", "in_one_order", "is_version",
+    "kind_of", "record",
     "step_state", "timer_state", "to_plain", "type_tag", "wait_state",
 ]

@@ -48,6 +48,7 @@ def _enc_hook(value: Any) -> Any:
 
 
 _encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+_sorting_encoder = msgspec.json.Encoder(enc_hook=_enc_hook, order="deterministic")  # sets' members (and keys) sorted
 _event_decoder = msgspec.json.Decoder(AnyEvent)
 _any_decoder = msgspec.json.Decoder()
 
@@ -276,14 +277,28 @@ def to_plain(value: Any, *, what: str) -> Any:
     return _any_decoder.decode(encode_value(value, what=what))
 
 
+def in_one_order(value: Any, *, what: str) -> Any:
+    """``value`` as the JSON builtins :func:`to_plain` returns, but with every set's members sorted: a set is
+    written in the order of the process's string hashes, so equal values sent from two processes would
+    otherwise differ as data. Object keys come sorted too. Members that do not compare with each other
+    (of mixed types) keep the set's own order. Raises ``SerializationError`` as :func:`to_plain` does.
+    """
+    plain = to_plain(value, what=what)
+    try:
+        return _any_decoder.decode(_sorting_encoder.encode(value))
+    except TypeError:  # members that `<` cannot order
+        return plain
+
+
 def canonical_json(value: Any, *, what: str, one_number: bool = False) -> bytes:
-    """``value`` as canonical JSON, to compare or hash: its builtins with object keys sorted.
+    """``value`` as canonical JSON, to compare or hash: its builtins with object keys and sets' members sorted
+    (:func:`in_one_order`), so an equal value gives the same text in every process.
 
     ``one_number`` writes every integral float as the int it equals (``1.0`` as ``1``, ``-0.0`` as
     ``0``), so values equal as JSON numbers compare equal. Raises ``SerializationError`` as
     :func:`to_plain` does.
     """
-    return canonical(to_plain(value, what=what), one_number=one_number)
+    return canonical(in_one_order(value, what=what), one_number=one_number)
 
 
 def canonical(plain: Any, *, one_number: bool = False) -> bytes:

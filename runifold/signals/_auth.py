@@ -30,7 +30,7 @@ from typing import Any, Protocol, final
 
 import msgspec
 
-from runifold.history import canonical_json
+from runifold.history import canonical, canonical_json, in_one_order, to_plain
 
 from runifold._log import get_logger
 from runifold.errors import ConfigurationError, SerializationError, SignalRejectedError
@@ -349,7 +349,9 @@ def sign_bytes(secret: bytes, envelope: SignalEnvelope) -> bytes:
 
 
 def sign(envelope: SignalEnvelope, secret: bytes) -> SignalEnvelope:
-    """Return ``envelope`` with its signature set (what a sender does).
+    """Return ``envelope`` with its signature set (what a sender does). A payload that holds a set comes back as
+    its JSON data with each set's members sorted: the order in which every process hashes it, whatever order
+    this process's hash seed gave the set, so the envelope sent as JSON is the one that was signed.
 
     Raises:
         SignalRejectedError: the timestamp is not a finite number of seconds (``bad_timestamp``), as every gateway
@@ -357,4 +359,7 @@ def sign(envelope: SignalEnvelope, secret: bytes) -> SignalEnvelope:
         SerializationError: the payload is not JSON data, or a field holds a string that is not valid Unicode.
     """
     check_timestamp(envelope.timestamp)
+    ordered = in_one_order(envelope.payload, what="the signal's payload")
+    if canonical(ordered) != canonical(to_plain(envelope.payload, what="the signal's payload")):
+        envelope = msgspec.structs.replace(envelope, payload=ordered)  # it held a set, in this process's order
     return msgspec.structs.replace(envelope, signature=sign_bytes(secret, envelope).decode())

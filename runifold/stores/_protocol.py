@@ -41,7 +41,7 @@ from runifold.history import (
     CHILD_SIGNAL_PREFIX,
     MAX_VERSION,
     RunStarted,
-    canonical,
+    canonical_json,
     encode_event,
     encode_value,
     is_version,
@@ -151,10 +151,11 @@ class WorkflowTask:
     def input_json(self) -> bytes:
         """Return the input as canonical JSON, used to compare re-enqueued tasks.
 
-        Inputs compare as JSON values: key order does not matter, and a float with an integral value is
-        the same number as that int (``1.0`` and ``1``, ``-0.0`` and ``0``: JSON has one kind of number).
+        Inputs compare as JSON values: key order does not matter, nor the order of a set's members (sorted,
+        as the process's hash seed orders them), and a float with an integral value is the same number as
+        that int (``1.0`` and ``1``, ``-0.0`` and ``0``: JSON has one kind of number).
         """
-        return canonical(self._plain, one_number=True)
+        return canonical_json(dict(self.input), what="the task input", one_number=True)
 
 
 class EventRow(msgspec.Struct, frozen=True):

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -22,10 +25,12 @@ from runifold import (
     WorkflowContext,
     WorkflowDefinition,
     WorkflowRegistry,
+    WorkflowTask,
     step,
     workflow,
 )
 from runifold.testing import WorkflowEnvironment
+from tests.conftest import StoreFactory, require_postgres
 from tests.support import worker
 
 
@@ -47,6 +52,49 @@ async def parked_forever(ctx: WorkflowContext) -> None:
 
 
 registry = WorkflowRegistry(WorkflowDefinition(stamping), WorkflowDefinition(parked_forever, signals={"never": {"*"}}))
+
+
+ENQUEUE_A_SET = """
+import asyncio, sys
+from runifold import WorkflowTask, open_store
+
+async def main() -> None:
+    store = await open_store(sys.argv[1])
+    try:
+        tags = {"alpha", "beta", "gamma", "delta", "epsilon"}
+        result = await store.enqueue(WorkflowTask("stamping", 1, {"n": 1, "tags": tags}, checkpoint_id="tags-1"))
+        print(result.run_id, ",".join(tags))
+    finally:
+        await store.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_an_equal_set_in_the_input_is_the_same_task_whatever_its_order(open_store: StoreFactory,
+                                                                            tmp_path: Any) -> None:
+    """Inputs compare as JSON values, a set's members in one order: enqueueing an equal set iterated in another
+    order (as another process's hash seed orders a set of strings) returns the same run (helper-91: a retried
+    start from another process raised EnqueueConflictError)."""
+    store = await open_store()
+    one, other = {9, 1}, {1, 9}
+    assert one == other and list(one) != list(other)  # equal sets, iterated in two orders
+    first = await store.enqueue(WorkflowTask("stamping", 1, {"n": 1, "seen": one}, checkpoint_id="set-1"))
+    again = await store.enqueue(WorkflowTask("stamping", 1, {"n": 1, "seen": other}, checkpoint_id="set-1"))
+    assert again.run_id == first.run_id and not again.created
+    with pytest.raises(EnqueueConflictError):
+        await store.enqueue(WorkflowTask("stamping", 1, {"n": 1, "seen": {1, 8}}, checkpoint_id="set-1"))
+    if open_store.kind == "memory":  # type: ignore[attr-defined]
+        return
+    url = f"sqlite:///{tmp_path / 'runifold.db'}" if open_store.kind == "sqlite" else require_postgres()  # type: ignore[attr-defined]
+    printed = []
+    for seed in "1234":
+        done = subprocess.run([sys.executable, "-c", ENQUEUE_A_SET, url], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        printed.append(done.stdout.split())
+    assert len({run_id for run_id, _ in printed}) == 1
+    assert len({order for _, order in printed}) > 1  # the processes did iterate the set in different orders
 
 
 async def test_start_and_await_a_typed_result(store: Any) -> None:

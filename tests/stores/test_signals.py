@@ -132,6 +132,27 @@ async def test_a_signal_id_reused_with_another_payload_is_a_conflict(store: Any)
                         ("c1", "alice", "duplicate")]
 
 
+async def test_a_payload_holding_an_equal_set_is_the_same_signal_whatever_its_order(store: Any) -> None:
+    """A set's members are compared in one order: the same signal resent with an equal set iterated in another
+    order (as another process's hash seed orders a set of strings) is a duplicate, not a conflict, and an
+    envelope sent as JSON (msgspec.json.encode, as the README says) still verifies (helper-91: a conflict)."""
+    await waiting_run(store)
+    now = await store.now()
+    one, other = {9, 1}, {1, 9}
+    assert one == other and list(one) != list(other)  # equal sets, iterated in two orders
+    signed = envelope("o1", "s1", now, payload={"approved": True, "lines": one})
+    assert signed.payload == {"approved": True, "lines": [1, 9]}  # sent as its data, the set's members sorted
+    wire = msgspec.json.decode(msgspec.json.encode(signed), type=SignalEnvelope)
+    first = await gateway(store).send(wire)
+    again = await gateway(store).send(envelope("o1", "s1", now, payload={"approved": True, "lines": other}))
+    assert again.duplicate and again.received_at == first.received_at
+    with pytest.raises(SignalConflictError):
+        await gateway(store).send(envelope("o1", "s1", now, payload={"approved": True, "lines": {1, 8}}))
+    # a payload without a set is sent as it was given
+    plain = {"approved": True, "lines": [9, 1], "by": {"z": 1, "a": 2}}
+    assert envelope("o1", "s2", now, payload=plain).payload is plain
+
+
 async def test_replayed_envelopes_keep_the_audit_bounded_and_refusals_say_why(store: Any) -> None:
     """One captured envelope sent again and again added an audit row each time, without bound (5,000 resends:
     5,000 rows, helper-57): duplicates are trimmed with rejections, the newest ``max_rejected_per_run`` of a run
