@@ -118,6 +118,32 @@ async def test_skipping_exactly_a_sleeps_length_fires_its_timer() -> None:
         assert await env.result(run) == "1 day, 0:00:00"
 
 
+async def test_a_workflow_that_sleeps_in_a_loop_for_ever_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by helper-91: env.result of a poller (a sleep in an endless loop) ran for hours (each of 100,000
+    rounds replays the run). It gives up after skipping time as many times as testing.md says (here fewer, to
+    keep the test short)."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    from runifold import WorkflowContext, WorkflowDefinition, workflow
+    from runifold.testing import _environment
+
+    said = (Path(__file__).parents[1] / "docs" / "testing.md").read_text()
+    assert f"after skipping time\n  {_environment._MAX_ROUNDS:,} times" in said
+    monkeypatch.setattr(_environment, "_MAX_ROUNDS", 100)
+
+    @workflow("poller")
+    async def poller(ctx: WorkflowContext) -> int:
+        while True:
+            await ctx.sleep(timedelta(minutes=10))
+
+    async with WorkflowEnvironment(WorkflowDefinition(poller)) as env:
+        run = await env.start(poller, {})
+        with pytest.raises(AssertionError, match=r"did not finish after skipping time 100 times: does it loop "):
+            await env.result(run)
+        assert len(await env.store.history(run.run_id)) == 1 + 100 + 99  # run started; 100 timers started, 99 fired
+
+
 async def test_a_child_the_environment_cannot_run_is_named() -> None:
     """Found by helper-17: a child workflow missing from the environment's registry made result() run 100,000
     rounds and ask whether the workflow loops forever. It names the child and says what to add."""
@@ -264,8 +290,12 @@ async def test_a_run_that_waits_only_for_a_timer_that_never_fires_is_named() -> 
     async def awaits(ctx: WorkflowContext) -> str:
         return str(await ctx.wait_signal("go"))
 
-    async with WorkflowEnvironment(WorkflowDefinition(asleep), WorkflowDefinition(awaits, signals={"go": {"*"}})) \
-            as env:
+    @workflow("misnamed")
+    async def misnamed(ctx: WorkflowContext) -> str:
+        return str(await ctx.wait_signal("og"))
+
+    async with WorkflowEnvironment(WorkflowDefinition(asleep), WorkflowDefinition(awaits, signals={"go": {"*"}}),
+                                   WorkflowDefinition(misnamed, signals={"go": {"*"}})) as env:
         for seconds in (None, 1e20):
             with pytest.raises(AssertionError, match=r"\(timer timer#1, which never fires\): it waits only for a "
                                                      r"timer that never fires"):
@@ -273,3 +303,8 @@ async def test_a_run_that_waits_only_for_a_timer_that_never_fires_is_named() -> 
         assert await env.result(await env.start(asleep, {"seconds": 3600.0})) == "woke"
         with pytest.raises(AssertionError, match=r"send what it waits for with env.signal"):
             await env.result(await env.start(awaits, {}))
+        # a wait for a signal the definition does not declare: sending it would be refused (helper-91: the
+        # message said to send it)
+        with pytest.raises(AssertionError, match=r"it waits for signal 'og', which its definition does not declare "
+                                                 r"\(it declares \['go'\]\), so no sender may send it: fix the name"):
+            await env.result(await env.start(misnamed, {}))

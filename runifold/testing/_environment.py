@@ -19,7 +19,9 @@ from runifold.testing._clock import FakeClock
 from runifold.worker import Idle, LeaseDuration, Outcome, WorkerId, WorkflowRegistry, WorkflowWorker
 from runifold.worker._debug import replay
 
-_MAX_ROUNDS = 100_000
+#: how many times result() and run_until_suspended() skip time before they give up on a run that never settles
+#: (each skip replays the run, so a workflow that sleeps in a loop for ever must be stopped well before 100,000)
+_MAX_ROUNDS = 1_000
 
 
 class _Trusted:
@@ -126,11 +128,12 @@ class WorkflowEnvironment:
             await self.run_until_idle()
             await self._check_runnable()
             info = await self.store.get_run(_id(run))
-            if info.status not in (RunStatus.READY, RunStatus.WAITING) or await self._waits_for_signal(info):
+            if info.status not in (RunStatus.READY, RunStatus.WAITING) or await self._signals_awaited(info):
                 return info
             if not await self.skip_time():
                 return info
-        raise AssertionError(f"run {_id(run)} did not settle after {_MAX_ROUNDS:,} rounds: does it loop forever?")
+        raise AssertionError(f"run {_id(run)} did not settle after skipping time {_MAX_ROUNDS:,} times: does it "
+                             "loop forever?")
 
     async def result(self, run: RunHandle | str) -> Any:
         """Drive runs, skipping time (signal deadlines too), until ``run`` finishes; return its output.
@@ -155,7 +158,8 @@ class WorkflowEnvironment:
                     f"run {info.run_id} is {info.status} and nothing in this environment will change that "
                     f"({info.reason}): {await self._what_it_needs(info)}"
                 )
-        raise AssertionError(f"run {_id(run)} did not finish after {_MAX_ROUNDS:,} rounds: does it loop forever?")
+        raise AssertionError(f"run {_id(run)} did not finish after skipping time {_MAX_ROUNDS:,} times: does it "
+                             "loop forever?")
 
     # -- signals --------------------------------------------------------------------------------
 
@@ -210,7 +214,15 @@ class WorkflowEnvironment:
                     if c.status in (RunStatus.PARKED, RunStatus.DIVERGED) or await self._stuck_child(c) is not None]
         for child in stopping or children:  # the child a parked or diverged run stops, if one does
             return f"its child run {child.run_id} is {child.status} ({child.reason}): {await self._what_it_needs(child)}"
-        if await self._waits_for_signal(info):
+        awaited = await self._signals_awaited(info)
+        declared = getattr(self.registry.get(info.name, info.version), "signals", None)
+        undeclared = [n for n in awaited if declared is not None and n not in declared
+                      and not n.startswith(CHILD_SIGNAL_PREFIX)]
+        if undeclared:
+            return (f"it waits for signal {undeclared[0]!r}, which its definition does not declare (it declares "
+                    f"{sorted(declared or ())}), so no sender may send it: fix the name, or declare it in "
+                    "WorkflowDefinition(signals=...)")
+        if awaited:
             return f"send what it waits for with env.signal({info.run_id!r}, ...) first"
         return "it waits only for a timer that never fires"
 
@@ -231,9 +243,9 @@ class WorkflowEnvironment:
                     if wait.kind == "signal" and wait.signal is not None and wait.signal.startswith(CHILD_SIGNAL_PREFIX)]
         return [child for child in children if not child.status.finished]
 
-    async def _waits_for_signal(self, info: RunInfo) -> bool:
+    async def _signals_awaited(self, info: RunInfo) -> list[str]:
         history = [Entry(e.seq, e.at, decode_event(e.body)) for e in await self.store.history(info.run_id)]
-        return any(wait.kind == "signal" for wait in fold(history).waits)
+        return [wait.signal or "" for wait in fold(history).waits if wait.kind == "signal"]
 
 
 def _id(run: RunHandle | str) -> str:
