@@ -280,14 +280,31 @@ def to_plain(value: Any, *, what: str) -> Any:
 def in_one_order(value: Any, *, what: str) -> Any:
     """``value`` as the JSON builtins :func:`to_plain` returns, but with every set's members sorted: a set is
     written in the order of the process's string hashes, so equal values sent from two processes would
-    otherwise differ as data. Object keys come sorted too. Members that do not compare with each other
-    (of mixed types) keep the set's own order. Raises ``SerializationError`` as :func:`to_plain` does.
+    otherwise differ as data. Object keys come sorted too. Members that ``<`` cannot order (plain Enum
+    members, mixed types) are ordered by their JSON text. Raises ``SerializationError`` as :func:`to_plain`
+    does.
     """
-    plain = to_plain(value, what=what)
+    to_plain(value, what=what)  # refused as anywhere else a value is recorded
+    return _in_one_order(value)
+
+
+def _in_one_order(value: Any) -> Any:
     try:
         return _any_decoder.decode(_sorting_encoder.encode(value))
-    except TypeError:  # members that `<` cannot order
-        return plain
+    except TypeError:  # members that `<` cannot order: below, each set's members sorted by their JSON text
+        pass
+    if isinstance(value, (set, frozenset)):
+        return sorted((_in_one_order(m) for m in value), key=canonical)
+    if isinstance(value, dict):
+        return {_key_text(k): _in_one_order(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_in_one_order(m) for m in value]
+    return _any_decoder.decode(_encoder.encode(value))  # (a set inside an object: in its own order)
+
+
+def _key_text(key: Any) -> str:
+    """The JSON object key a dict's ``key`` is written as."""
+    return next(iter(_any_decoder.decode(_encoder.encode({key: 0}))))
 
 
 def canonical_json(value: Any, *, what: str, one_number: bool = False) -> bytes:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -118,3 +122,35 @@ def test_a_local_time_in_a_repeated_or_skipped_hour_is_recorded_with_its_offset(
 
     with pytest.raises(SerializationError, match="would come back from the log"):
         record(Opaque(dt.datetime(2025, 7, 1, tzinfo=dt.UTC)), Opaque, what="step stamp#1")
+
+
+CANONICAL_OF_SETS = """
+import enum, sys
+from runifold.history import canonical_json
+
+class Colour(enum.Enum):
+    RED = "red"; BLUE = "blue"; GREEN = "green"; AMBER = "amber"; TEAL = "teal"
+
+words = {"alpha", "beta", "gamma", "delta", "epsilon"}
+value = {"words": words, "colours": set(Colour), "mixed": {1, "one", None, 2.5}, "nested": [frozenset(words)]}
+print(canonical_json(value, what="v").decode(), "|", ",".join(words), ",".join(c.value for c in set(Colour)))
+"""
+
+
+def test_an_equal_set_has_one_canonical_form_in_every_process() -> None:
+    """Sets of strings and of Enum members iterate in the order each process's hash seed picks; their canonical
+    JSON (what inputs and signal payloads are compared and signed by) sorts their members: by ``<``, or by their
+    JSON text where ``<`` cannot order them (Enum members, mixed types). helper-91: a conflict from another process."""
+    printed = []
+    for seed in "1234":
+        done = subprocess.run([sys.executable, "-c", CANONICAL_OF_SETS], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "PYTHONHASHSEED": seed})
+        assert done.returncode == 0, done.stderr
+        canonical, orders = done.stdout.split(" | ")
+        printed.append((canonical, orders))
+    assert len({canonical for canonical, _ in printed}) == 1, printed
+    assert len({orders for _, orders in printed}) > 1  # the sets did iterate in other orders
+    assert json.loads(printed[0][0]) == {
+        "colours": ["amber", "blue", "green", "red", "teal"], "mixed": ["one", 1, 2.5, None],
+        "nested": [["alpha", "beta", "delta", "epsilon", "gamma"]],
+        "words": ["alpha", "beta", "delta", "epsilon", "gamma"]}
