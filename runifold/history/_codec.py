@@ -304,7 +304,8 @@ def _in_one_order(value: Any) -> Any:
 
 def _key_text(key: Any) -> str:
     """The JSON object key a dict's ``key`` is written as."""
-    return next(iter(_any_decoder.decode(_encoder.encode({key: 0}))))
+    text: str = next(iter(_any_decoder.decode(_encoder.encode({key: 0}))))
+    return text
 
 
 def canonical_json(value: Any, *, what: str, one_number: bool = False) -> bytes:
