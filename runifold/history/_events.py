@@ -182,10 +182,10 @@ class SignalTimedOut(Event, frozen=True, tag="signal_timed_out", kw_only=True):
 
 
 class CallCancelled(Event, frozen=True, tag="call_cancelled", kw_only=True):
-    """Workflow code stopped waiting for a step (or for an effect that had not started) before its outcome
-    was known, e.g. under ``asyncio.timeout``: the step's body was cancelled and nothing more is recorded
-    for the call. ``kind``: ``step`` or ``effect``; ``ran``: the attempt's body had started (it counts
-    as a step)."""
+    """Workflow code stopped waiting for a call before its outcome was known, e.g. under ``asyncio.timeout``:
+    a step's body was cancelled, an effect or a child run had not started, a timer or a signal wait ends
+    unfired, and nothing more is recorded for the call. ``kind``: the call's kind (``step``, ``effect``,
+    ``timer``, ``signal``, ``child``); ``ran``: the attempt's body had started (it counts as a step)."""
 
     kind: str
     attempt: int

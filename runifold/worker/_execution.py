@@ -277,7 +277,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                           checkpoint_id: str | None) -> tuple[str, str]:
         task = self._child_task(workflow, input, version, checkpoint_id, scope)
         call = self._register(scope.key(f"child.{task.name}"), CallKind.CHILD, None, args=(task,))
-        child: tuple[str, str] = await call.future
+        child: tuple[str, str] = await self._awaited(call)
         return child
 
     def _child_task(self, workflow: Any, input: Mapping[str, Any], version: int | None, checkpoint_id: str | None,

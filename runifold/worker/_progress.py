@@ -188,12 +188,15 @@ class LiveProgress:
         self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
 
     def _runs_on(self, call: Call) -> bool:
-        """An effect that started in some attempt: it is driven to its outcome whether or not workflow code
-        still waits for it (it may have touched the world).
+        """An effect that started in some attempt, or a child's start under way: it is driven to its outcome
+        whether or not workflow code still waits for it (it may have touched the world; the child run may
+        exist already, and its start is recorded).
 
         That holds across crashes: an attempt left in doubt is recovered by the effect's resume policy, a
         retry runs when due, and one parked waits for its operator, before the run may finish.
         """
+        if call.kind is CallKind.CHILD:
+            return call.busy
         return call.kind is CallKind.EFFECT and (call.busy or call.attempt > 1 or call.in_doubt
                                                  or call.parked is not None or self.replayer.is_recorded(call.key))
 

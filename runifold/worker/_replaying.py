@@ -243,7 +243,8 @@ class Replaying:
                 return None, None, next(e.fired_at for e in events if isinstance(e, TimerFired))
             case CallKind.CHILD:
                 started = events[0]
-                assert isinstance(started, ChildStarted)
+                if not isinstance(started, ChildStarted):
+                    return None  # call_cancelled: the live run's code cancelled it before the child started
                 steps.append((key, f"child {started.run_id} started"))
                 return (started.run_id, started.checkpoint_id), None, self.replayer.committed_at(key)
             case CallKind.SIGNAL:

@@ -24,6 +24,7 @@ from runifold import (
     step,
     workflow,
 )
+from runifold.history import CallCancelled
 from runifold.worker import replay_run
 from tests.corpus.check import replay_problems
 from tests.support import entries, until_completed, worker
@@ -269,3 +270,44 @@ async def test_a_body_that_starts_after_a_sibling_held_the_loop_past_the_lease_d
     assert len(attempts) == 1 and attempts[0] > 0  # only the body that held the loop had started
     done = await until_completed(store, definition)
     assert done.output == ["held", "notified o1"] and sum(1 for a in attempts if a < 0) == 1
+
+
+# -- a child's start under a deadline that has passed already -------------------------------------------
+
+
+@workflow("tiny-child")
+async def tiny_child(ctx: WorkflowContext) -> str:
+    return "child done"
+
+
+@workflow("expired-deadline-child")
+async def expired_deadline_child(ctx: WorkflowContext, how: str, call: str) -> dict[str, str]:
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(0) if how == "zero" else asyncio.timeout_at(loop.time() - 1):
+            if call == "run_child":
+                await ctx.run_child(tiny_child, {})
+            else:
+                await (await ctx.start_child(tiny_child, {})).result()
+        outcome = "in time"
+    except TimeoutError:
+        outcome = "timed out"
+    await ctx.sleep(timedelta(seconds=0.05))  # suspends: the next execution replays the cancelled start
+    return {"outcome": outcome, "after": await quick("after")}
+
+
+@pytest.mark.parametrize("call", ["run_child", "start_child"])
+@pytest.mark.parametrize("how", ["zero", "past"])
+async def test_a_childs_start_cancelled_by_a_deadline_already_passed_replays(store: Any, how: str, call: str) -> None:
+    """Found by helper-88: under ``asyncio.timeout(0)`` (or ``timeout_at`` a passed deadline) a child's start is
+    cancelled before it starts. Live, nothing was recorded of it; replay made the call, so unchanged code
+    diverged (the run stuck at its next wait, a completed run's replay unclean). The start is recorded as
+    cancelled, as a step's is, and no child run exists."""
+    definitions = (WorkflowDefinition(expired_deadline_child), WorkflowDefinition(tiny_child))
+    await store.enqueue(WorkflowTask("expired-deadline-child", 1, {"how": how, "call": call}, checkpoint_id="x1"))
+    done = await until_completed(store, *definitions)
+    assert done.output == {"outcome": "timed out", "after": "after"}
+    assert await store.list_runs(name="tiny-child") == []
+    cancelled = [e.event for e in await entries(store, done.run_id) if isinstance(e.event, CallCancelled)]
+    assert [(c.kind, c.ran) for c in cancelled] == [("child", False)]
+    assert not await replay_problems(store, WorkflowRegistry(*definitions), "x1", done.output)
