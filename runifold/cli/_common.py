@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from runifold.errors import ConfigurationError, SerializationError
-from runifold.history import MAX_VERSION, encode_value
+from runifold.history import MAX_INT_DIGITS, MAX_VERSION, encode_value
 
 from runifold.cli._text import clip, iso, printable
 from runifold.stores import WorkflowStore, open_store
@@ -139,6 +139,9 @@ def parse_json(text: str, what: str) -> Any:
         if problem == "non-finite":
             raise ArgumentError(f"{what} holds NaN or an infinity, which JSON cannot represent (and runifold does not "
                                 "record); use null or a string for a missing or unbounded number") from exc
+        if problem == "huge-int":
+            raise ArgumentError(f"{what} holds an integer of more than {MAX_INT_DIGITS:,} digits, which runifold "
+                                "cannot record; pass it as a string") from exc
         if problem == "surrogate":
             raise ArgumentError(f"{what} holds a \\u escape of a lone surrogate (half of a UTF-16 pair), which is not "
                                 "valid Unicode; write the character itself, or both halves of its pair") from exc
@@ -149,8 +152,14 @@ def parse_json(text: str, what: str) -> Any:
 
 def _stdlib_only(text: str) -> str | None:
     """Why the stdlib reads ``text`` as JSON where msgspec refuses it: ``"non-finite"`` (``NaN``, ``Infinity``,
-    or a number too large for a float), ``"surrogate"`` (a lone surrogate escape), or None (it is not JSON)."""
-    non_finite = False
+    or a number too large for a float), ``"huge-int"`` (an integer of more digits than msgspec reads),
+    ``"surrogate"`` (a lone surrogate escape), or None (it is not JSON)."""
+    non_finite = huge = False
+
+    def integer(literal: str) -> int:
+        nonlocal huge
+        huge = huge or len(literal.lstrip("-")) > MAX_INT_DIGITS
+        return 0
 
     def constant(name: str) -> float:
         nonlocal non_finite
@@ -164,10 +173,10 @@ def _stdlib_only(text: str) -> str | None:
         return value
 
     try:
-        json.loads(text, parse_constant=constant, parse_float=number)
+        json.loads(text, parse_constant=constant, parse_float=number, parse_int=integer)
     except (ValueError, RecursionError):
         return None
-    return "non-finite" if non_finite else "surrogate"
+    return "non-finite" if non_finite else "huge-int" if huge else "surrogate"
 
 
 def operator() -> str:

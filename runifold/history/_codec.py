@@ -136,6 +136,16 @@ def _is_nan(value: Any) -> bool:
     return isinstance(value, decimal.Decimal) and value.is_nan()
 
 
+#: the most digits an int may have: msgspec reads no longer integer back from JSON, whatever
+#: ``sys.set_int_max_str_digits`` allows (and Python's own default limit is the same)
+MAX_INT_DIGITS = 4_300
+_TOO_BIG = 10**MAX_INT_DIGITS
+
+
+def _is_huge(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _TOO_BIG
+
+
 def _unrecordable(value: Any) -> str | None:
     """Why ``value`` can never be recorded as it is, and what to use instead; None when no rule here says why.
 
@@ -147,6 +157,10 @@ def _unrecordable(value: Any) -> str | None:
     if part is not None:
         return (f"it {'is' if part is value else 'holds'} {part!r}: a NaN is never equal to itself, so runifold "
                 "could not check that a replay sees what the live call saw; use None or a string for a missing number")
+    if _first(value, _is_huge) is not None:
+        return (f"it {'is' if _is_huge(value) else 'holds'} an int of more than {MAX_INT_DIGITS:,} digits, which "
+                "runifold cannot read back from the log, whatever sys.set_int_max_str_digits() allows; record it as "
+                "a str (str(n)) and convert it where it is used")
     part = _first(value, _is_secret)
     if part is not None:
         return (f"it {'is' if part is value else 'holds'} a pydantic {type(part).__name__}, which pydantic writes "
@@ -274,7 +288,11 @@ def decode_event(raw: bytes | str, *, where: str = "") -> AnyEvent:
 
 def to_plain(value: Any, *, what: str) -> Any:
     """Return ``value`` as the JSON builtins a replay will read back, or raise ``SerializationError``."""
-    return _any_decoder.decode(encode_value(value, what=what))
+    raw = encode_value(value, what=what)
+    try:
+        return _any_decoder.decode(raw)
+    except msgspec.DecodeError as exc:  # written, but not read back (an int of more than MAX_INT_DIGITS digits)
+        raise SerializationError(f"{what} cannot be recorded: {_unrecordable(value) or exc}") from exc
 
 
 def in_one_order(value: Any, *, what: str) -> Any:

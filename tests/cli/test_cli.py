@@ -30,6 +30,8 @@ def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
     for number in ("NaN", "Infinity", "-Infinity", "1e999"):  # found by helper-18: "lone surrogate"
         refused = cli("enqueue", "steps", "1", "--input", f'{{"n": {number}}}')
         assert refused.returncode == 2 and "holds NaN or an infinity" in refused.stderr, refused.stderr
+    huge = cli("enqueue", "steps", "1", "--input", f'{{"n": {"9" * 4_301}}}')  # helper-89: "not valid JSON"
+    assert huge.returncode == 2 and "holds an integer of more than 4,300 digits" in huge.stderr, huge.stderr
     zero = cli("enqueue", "steps", "0", "--input", '{"n": 1}')  # a bad value is usage (2), as the README says
     assert zero.returncode == 2 and "'0' must be from 1 to" in zero.stderr, zero.stderr
     missing = cli("enqueue", "steps", "1", "--input", "{}")

@@ -16,6 +16,7 @@ from runifold import (
     Failed,
     LeaseLost,
     RetryPolicy,
+    StepFailedError,
     Suspended,
     WorkflowContext,
     WorkflowDefinition,
@@ -311,3 +312,42 @@ async def test_a_childs_start_cancelled_by_a_deadline_already_passed_replays(sto
     cancelled = [e.event for e in await entries(store, done.run_id) if isinstance(e.event, CallCancelled)]
     assert [(c.kind, c.ran) for c in cancelled] == [("child", False)]
     assert not await replay_problems(store, WorkflowRegistry(*definitions), "x1", done.output)
+
+
+# -- an int too long to read back ------------------------------------------------------------------------
+
+
+@step()
+async def factorial_sized(digits: int) -> int:
+    ran.append("factorial_sized")
+    return 10**digits
+
+
+@workflow("huge-int")
+async def huge_int(ctx: WorkflowContext, digits: int) -> str:
+    try:
+        return str(await factorial_sized(digits))[:5]
+    except StepFailedError as exc:
+        return exc.error
+
+
+@pytest.mark.parametrize("limit", [4300, 0])
+async def test_an_int_too_long_to_read_back_is_refused_at_the_call(store: Any, limit: int) -> None:
+    """Found by helper-89: an int of more than 4,300 digits, with Python's digit limit raised (as Python's own
+    message advised), was written but could not be read back: a raw msgspec error crashed the executor and the
+    step ran again at every recovery until the recovery budget failed the run. It is refused at the call,
+    whatever the limit, saying to record it as a str; 4,300 digits still round-trip."""
+    import sys
+
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(limit)
+    try:
+        for digits, expected in ((4_299, "10000"), (5_000, "it is an int of more than 4,300 digits")):
+            ran.clear()
+            await store.enqueue(WorkflowTask("huge-int", 1, {"digits": digits}, checkpoint_id=f"h{digits}"))
+            done = await until_completed(store, WorkflowDefinition(huge_int))
+            assert expected in done.output and ran == ["factorial_sized"], (done.output, ran)
+            assert not await replay_problems(store, WorkflowRegistry(WorkflowDefinition(huge_int)), f"h{digits}",
+                                             done.output)
+    finally:
+        sys.set_int_max_str_digits(old)
