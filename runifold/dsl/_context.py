@@ -19,12 +19,12 @@ import random
 import uuid as uuid_module
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Protocol, TypeVar, final
+from typing import Any, Generic, NoReturn, Protocol, TypeVar, final
 
 import msgspec
 
 from runifold.dsl._definition import WORKFLOW_ATTR, EffectSpec, StepSpec, WorkflowSpec, check_signal_name
-from runifold.errors import ChildFailedError, ConfigurationError, OutsideWorkflowError
+from runifold.errors import ChildFailedError, ConfigurationError, OutsideWorkflowError, SerializationError
 from runifold.history import RunCancelled, RunCompleted, RunFailed, child_signal, convert, decode_event
 
 R = TypeVar("R")
@@ -90,6 +90,8 @@ class Driver(Protocol):
                           checkpoint_id: str | None) -> tuple[str, str]: ...
 
     def store_time(self) -> float: ...
+
+    async def unfit(self, what: str, plain: Any, returns: Any, exc: SerializationError) -> NoReturn: ...
 
     #: per child run id, the end of the child (the last event the store posted) as ``result()`` calls share it
     child_ends: dict[str, asyncio.Future[Any]]
@@ -281,9 +283,11 @@ class ChildHandle(Generic[R]):
         one ``checkpoint_id``), it returns the same output or raises the same error: a run takes its child's end
         once, and every ``result()`` shares it.
 
+        A result that does not fit the type this code annotates (the child workflow's return type changed
+        while the child ran) makes the run diverge, as a step's recorded result that no longer fits does.
+
         Raises:
             ChildFailedError: the child failed or was cancelled.
-            SerializationError: its output does not fit the child workflow's return type.
         """
         b = _binding()
         ends = b.driver.child_ends
@@ -310,7 +314,13 @@ class ChildHandle(Generic[R]):
         event = decode_event(msgspec.json.encode(last), where=f"the last event of child run {self.run_id}")
         match event:
             case RunCompleted(output=output):
-                value: R = convert(output, self._returns, what=f"the result of child run {self.run_id}")
+                what = f"the result of child run {self.run_id}"
+                try:
+                    value: R = convert(output, self._returns, what=what)
+                except SerializationError as exc:
+                    # the child's code recorded it, so it fitted the child's return type: today's annotation differs
+                    # (the child's workflow changed under the parent); the run diverges, it does not fail
+                    await b.driver.unfit(what, output, self._returns, exc)
                 return value
             case RunFailed(reason=reason, error_type=error_type):
                 raise ChildFailedError(self.run_id, "failed", reason, error_type)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, assert_never
+from typing import Any, NoReturn, assert_never
 
 import msgspec
 
@@ -263,6 +263,16 @@ class Replaying:
                 return None, WaitTimeoutError(key, call.name), judged or 0.0
             case _:
                 raise AssertionError(f"{call.kind} calls are not resolved by replay")
+
+    async def unfit(self, what: str, plain: Any, returns: Any, exc: SerializationError) -> NoReturn:
+        """A recorded value workflow code is handed outside a call's outcome (a child run's result) no longer
+        fits the type today's code annotates: a divergence, as for a step's recorded result (see
+        :meth:`_converted`), not an error of workflow code. The task waits until the driver ends the execution."""
+        if self._divergence is None:
+            self._divergence = NondeterminismError(
+                what, f"the value {clipped(plain)}", f"result() expecting {_type_text(returns)}", str(exc))
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable: the execution ends at a divergence")
 
     def _converted(self, call: Call, plain: Any) -> Any:
         try:

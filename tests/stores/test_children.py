@@ -387,3 +387,61 @@ async def test_a_child_finishing_while_its_parents_purge_is_in_flight_posts_noth
     finally:
         await purging.close()
     assert await store.inbox(parent) == []
+
+
+# -- a child's result type changed while the child ran --------------------------------------------------
+
+
+class QuoteV1(msgspec.Struct, frozen=True):
+    amount: int
+
+
+class QuoteV2(msgspec.Struct, frozen=True):
+    total: int
+    currency: str
+
+
+@workflow("quote", version=1)
+async def quote_v1(ctx: WorkflowContext) -> QuoteV1:
+    await ctx.sleep(timedelta(seconds=0.3))  # the parent waits for it across a deploy
+    return QuoteV1(5)
+
+
+@workflow("quote", version=2)
+async def quote_v2(ctx: WorkflowContext) -> QuoteV2:
+    return QuoteV2(5, "EUR")
+
+
+def checkout_calling(child: Any) -> WorkflowDefinition:
+    @workflow("checkout")
+    async def checkout(ctx: WorkflowContext) -> str:
+        return repr(await ctx.run_child(child, {}))
+
+    return WorkflowDefinition(checkout)
+
+
+async def test_a_childs_result_that_no_longer_fits_the_parents_code_is_a_divergence(store: Any) -> None:
+    """Found by helper-88: a deploy changed the child workflow a parent awaits (v1 returning QuoteV1, now v2
+    returning QuoteV2) while its v1 child ran; the child's result did not fit and the parent failed for good
+    with SerializationError. A recorded value that no longer fits is a divergence, which code that fits it again
+    and a wake recover."""
+    await store.enqueue(WorkflowTask("checkout", 1, {}, checkpoint_id="co-1"))
+    before = (checkout_calling(quote_v1), WorkflowDefinition(quote_v1))
+    await worker(store, *before).run_once()  # the parent starts its child, and waits
+    deployed = (checkout_calling(quote_v2), WorkflowDefinition(quote_v1), WorkflowDefinition(quote_v2))
+    for _ in range(100):
+        await worker(store, *deployed).run_once()
+        if (await store.get_run("co-1")).status is not RunStatus.WAITING:
+            break
+        await asyncio.sleep(0.05)
+    info = await store.get_run("co-1")
+    assert info.status is RunStatus.DIVERGED, (info.status, info.reason)
+    assert "the result of child run" in info.reason and "result() expecting QuoteV2" in info.reason, info.reason
+    # (the child's end is still the parent's to take: the deploy check cannot see it before it is taken)
+    await store.wake("co-1")
+    for _ in range(20):
+        await worker(store, *before).run_once()
+        if (await store.get_run("co-1")).status is RunStatus.COMPLETED:
+            break
+    assert (await store.get_run("co-1")).status is RunStatus.COMPLETED
+    assert not (await replay_run(store, WorkflowRegistry(*before), "co-1")).divergence
