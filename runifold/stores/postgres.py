@@ -99,6 +99,8 @@ def _transient(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
         # is the statement's, and retrying it would only hide the mistake for the whole budget
         return conn is not None and conn.is_closed()
     code = getattr(exc, "sqlstate", None) or ""
+    if conn is None and code == "55000":
+        return True  # refused while connecting: the database takes no connections now (ALLOW_CONNECTIONS false)
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
 
 

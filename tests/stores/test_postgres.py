@@ -203,6 +203,36 @@ async def test_postgres_a_mistake_in_a_statement_is_reported_at_once_not_retried
     assert await store._call(lambda conn: conn.fetchval("SELECT 1")) == 1
 
 
+async def test_a_database_that_refuses_connections_is_unreachable_until_it_takes_them_again(open_store: Any) -> None:
+    """helper-90: with the database closed to connections (ALTER DATABASE ... ALLOW_CONNECTIONS false, as for
+    maintenance), a call raised a bare StoreError (55000) at once; it is an outage like any other: retried within
+    the budget, then StoreUnavailableError, and the store works again once the database takes connections."""
+    import os
+
+    import asyncpg
+
+    from runifold.errors import StoreUnavailableError
+    from runifold.stores.postgres import PostgresWorkflowStore
+    from tests.conftest import empty_postgres_database
+
+    dsn = (await open_store()).dsn
+    name = f"runifold_outage_{os.getpid()}"
+    async with empty_postgres_database(dsn, name) as url:
+        store = await PostgresWorkflowStore.open(url, retry_seconds=1.0)
+        admin = await asyncpg.connect(dsn)
+        try:
+            await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name)
+            with pytest.raises(StoreUnavailableError, match="stayed unreachable for 1 s"):
+                await store.now()
+            await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+            assert await store.now() > 0
+        finally:
+            await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+            await admin.close()
+            await store.close()
+
+
 async def test_postgres_read_only_open_never_creates_or_migrates_and_refuses_writes(
     open_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
