@@ -206,7 +206,8 @@ def refused_cap(run_id: str | None, max_per_run: int) -> int:
 def inbox_full(run_id: str, limit: int) -> SignalRejectedError:
     """The error for a delivery to a run whose inbox is full."""
     return SignalRejectedError(
-        "inbox_full", f"run {run_id} already holds {limit} unconsumed signals; wait until it consumes some"
+        "inbox_full", f"run {run_id} already holds {limit} unconsumed signals; an unfinished run makes room as its "
+                      "waits consume them (send again after that), a finished run takes no more"
     )
 
 

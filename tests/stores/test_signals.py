@@ -187,6 +187,10 @@ async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) ->
     with pytest.raises(SignalRejectedError) as caught:
         await gateway(store, small).send(envelope("o2", "c3", now, name="comment"))
     assert caught.value.verdict == "inbox_full"
+    # what to do, for a run that waits and for one that has finished (helper-90: "wait until it consumes some",
+    # which a finished run never does)
+    assert "an unfinished run makes room as its waits consume them (send again after that), a finished run takes " \
+           "no more" in str(caught.value)
 
 
 async def test_rejected_attempts_are_capped_per_run(store: Any) -> None:
