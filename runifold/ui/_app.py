@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runifold._log import get_logger
 from runifold.cli._runs import duration
 from runifold.cli._text import clip, iso, printable
-from runifold.errors import RunifoldError, RunNotFoundError, SerializationError, StoreError
+from runifold.errors import RunifoldError, RunNotFoundError, SerializationError, StoreError, describe
 from runifold.history import MAX_VERSION
 from runifold.stores import RunStatus, WorkflowStore
 from runifold.stores._protocol import check_text, ref_column
@@ -233,10 +233,10 @@ class View:
             except RunNotFoundError as exc:
                 code, message = 404, str(exc)
             except StoreError as exc:
-                log.warning("ui_store_error", path=request.url.path, error=str(exc))
+                log.warning("ui_store_error", path=request.url.path, error=describe(exc))
                 code, message = 503, f"the store did not answer: {exc}"
             except RunifoldError as exc:
-                log.error("ui_request_failed", path=request.url.path, error=str(exc), exc_info=exc)
+                log.error("ui_request_failed", path=request.url.path, error=describe(exc), exc_info=exc)
                 code, message = 500, str(exc)
             except Exception as exc:  # noqa: BLE001 - a bug: logged with its traceback, the page says so
                 log.error("ui_unexpected_error", path=request.url.path, error=repr(exc), exc_info=exc)

@@ -612,13 +612,13 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
                 if give_up is None:
                     give_up = live.lease.until
                 if self.store_time() + _RESEND_PAUSE >= give_up:
-                    self.log.warning("commit_failed", error=str(exc))
+                    self.log.warning("commit_failed", error=describe(exc))
                     self._store_error = exc
                     raise _Stop() from None
-                self.log.warning("commit_resent", error=str(exc))
+                self.log.warning("commit_resent", error=describe(exc))
                 await asyncio.sleep(_RESEND_PAUSE)
             except StoreError as exc:
-                self.log.warning("commit_failed", error=str(exc))
+                self.log.warning("commit_failed", error=describe(exc))
                 self._store_error = exc
                 raise _Stop() from None
         self.revision = result.revision
@@ -631,7 +631,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 
     def _abort(self, exc: StoreError) -> None:
         """Stop this execution for a store error met outside a commit; nothing more is written."""
-        self.log.warning("store_failed", error=str(exc))
+        self.log.warning("store_failed", error=describe(exc))
         self._store_error = exc
         self._lose(f"store error: {exc}")
 

@@ -13,7 +13,7 @@ import contextvars
 import time
 from typing import Any
 
-from runifold.errors import LeaseLostError, RunifoldError
+from runifold.errors import LeaseLostError, RunifoldError, describe
 from runifold.worker._call import Live
 
 
@@ -55,7 +55,7 @@ class LeaseKeeping:
             self._lose(str(exc))
             return False
         except RunifoldError as exc:
-            self.log.warning("lease_renewal_failed", error=str(exc))
+            self.log.warning("lease_renewal_failed", error=describe(exc))
         # (a renewal counts from when it was sent: one whose answer came after the lease it granted had run out
         # grants nothing)
         if time.monotonic() - live.renewed_at >= live.lease_seconds:
@@ -85,7 +85,7 @@ class LeaseKeeping:
             self._lose(str(exc))
             return
         except RunifoldError as exc:
-            self.log.warning("lease_renewal_failed", error=str(exc))
+            self.log.warning("lease_renewal_failed", error=describe(exc))
             self._renewal = None
             self._schedule_renewal(live, soon=True)  # (renewed_at stays: the lease runs out from the last renewal)
             return
@@ -107,4 +107,4 @@ class LeaseKeeping:
         try:
             await asyncio.wait_for(asyncio.shield(live.store.release(live.lease)), live.renew_every)
         except (RunifoldError, TimeoutError) as exc:
-            self.log.warning("release_failed", error=str(exc))
+            self.log.warning("release_failed", error=describe(exc))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from runifold._log import get_logger
-from runifold.errors import EnqueueConflictError, RunifoldError
+from runifold.errors import EnqueueConflictError, RunifoldError, describe
 from runifold.stores import EnqueueResult, Schedule, ScheduleInfo, WorkflowStore, WorkflowTask
 from runifold.worker._registry import WorkflowRegistry
 
@@ -103,7 +103,7 @@ def _plan(info: ScheduleInfo, registry: WorkflowRegistry, now: float) -> tuple[f
     except RunifoldError as exc:
         # the input no longer fits the code: these ticks are passed (not retried every check) and said so
         log.error("schedule_invalid", schedule=schedule.name, workflow=schedule.workflow, version=schedule.version,
-                  ticks=len(ticks), error=str(exc))
+                  ticks=len(ticks), error=describe(exc))
         return ticks[-1], []
     return ticks[-1], list(zip(ticks, tasks, strict=True))
 
