@@ -416,8 +416,11 @@ async def replay_cmd(args: argparse.Namespace) -> int:
 DIVERGED_ADVICE = (
     "what to do: code that diverges cannot continue a run; keep (or restore) the code each run ran for its version, "
     "and register a change as a new version beside it (docs/operations.md, Deploying new workflow code); once "
-    "matching code is deployed, `runifold wake RUN` retries a diverged run now. If the code did not change, it is not "
-    "deterministic: use ctx.now(), ctx.uuid() and ctx.random() instead of the clock and the random and uuid modules")
+    "matching code is deployed, `runifold wake RUN` retries a diverged run now. A run of a workflow or version the "
+    "--app does not register (`(definition)`) needs that code beside the new. A failed run replayed against the fix "
+    "of what failed it may diverge as the fix changes its path: deploy the fix, then `runifold retry RUN` "
+    "(docs/operations.md, Failed runs). If the code did not change, it is not deterministic: use ctx.now(), "
+    "ctx.uuid() and ctx.random() instead of the clock and the random and uuid modules")
 
 
 async def _one(report: ReplayReport) -> AsyncIterator[ReplayReport]:

@@ -17,6 +17,7 @@ from runifold.history import (
     EffectStarted,
     Entry,
     Failed,
+    InDoubt,
     Resolution,
     RunCancelled,
     RunFailed,
@@ -88,10 +89,13 @@ async def resolve_effect(
         raise finished
     history = await _history(store, info.run_id)
     events = [e.event for e in history if e.event.key == key]
-    if not isinstance(effect_state(events), Ambiguous):
+    state = effect_state(events)
+    if not isinstance(state, Ambiguous):
         ambiguous = sorted(k for k, status in fold(history).pending_effects.items() if status == "ambiguous")
+        doubt = (" (it is in doubt: the next worker that takes the run reconciles it by its resume policy, and only an "
+                 "effect left ambiguous then waits for `resolve`)") if isinstance(state, InDoubt) else ""
         raise InvalidStateError(
-            f"{key!r} is not an ambiguous effect of run {run_ref}; ambiguous effects: {ambiguous or 'none'}"
+            f"{key!r} is not an ambiguous effect of run {run_ref}{doubt}; ambiguous effects: {ambiguous or 'none'}"
         )
     plain = None
     if resolution is Resolution.APPLIED:

@@ -185,6 +185,20 @@ async def test_operator_resolution(store: Any, resolution: Resolution, expected:
         await resolve_effect(store, registry, "e1", "unsure#1", resolution, by="ops", reason="again")
 
 
+async def test_resolving_an_effect_still_in_doubt_says_a_worker_reconciles_it_first(store: Any) -> None:
+    """An effect whose worker died in flight is in doubt, not ambiguous: resolve refuses it and says that the next
+    worker reconciles it first (helper-89: "ambiguous effects: none", with no word of what comes next)."""
+    registry = WorkflowRegistry(single(unsure, "unsure"))
+    await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="d1"))
+    claim = await store.claim("w0", {"unsure"}, 30.0)
+    assert claim is not None
+    await store.commit(claim.lease, 1, [EventRow.of(EffectStarted(
+        key="unsure#1", idempotency_key=f"{claim.run_id}:unsure#1", attempt=1))], Continue())
+    with pytest.raises(InvalidStateError, match=r"'unsure#1' is not an ambiguous effect of run d1 \(it is in doubt: "
+                                                r"the next worker that takes the run reconciles it"):
+        await resolve_effect(store, registry, "d1", "unsure#1", Resolution.RETRY, by="ops", reason="x")
+
+
 async def test_an_applied_resolution_must_fit_the_effect_return_type(store: Any) -> None:
     """An operator's APPLIED output is checked against the effect's annotation: a wrong type is refused and nothing is appended."""
     definition = single(unsure, "unsure")
