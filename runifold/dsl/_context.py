@@ -231,10 +231,12 @@ class WorkflowContext:
         child; pass ``checkpoint_id`` to choose it yourself. Cancelling this run
         cancels its unfinished children.
 
+        A ``checkpoint_id`` that names another run fails this run with ``EnqueueConflictError`` (not raised here:
+        nothing records a refused start, so a replay could not raise it again at this call).
+
         Raises:
             InvalidInputError: the input does not fit the child workflow's parameters.
             SerializationError: the input holds a value that cannot be recorded.
-            EnqueueConflictError: ``checkpoint_id`` names another run.
         """
         if input is not None and not isinstance(input, Mapping):
             raise ConfigurationError(f"start_child takes the child's input as a dict of its parameters, got {input!r}")
