@@ -146,16 +146,16 @@ async def runs_list(args: argparse.Namespace) -> int:
 
 
 async def _entries(args: argparse.Namespace, run_ref: str) -> tuple[RunInfo, list[Entry]]:
-    info, entries, _, _, _ = await _run_and_children(args, run_ref, children=False)
+    info, entries, _, _, _, _ = await _run_and_children(args, run_ref, children=False)
     return info, entries
 
 
 async def _run_and_children(
     args: argparse.Namespace, run_ref: str, *, children: bool = True
-) -> tuple[RunInfo, list[Entry], dict[str, RunInfo], int, list[AuditRecord]]:
+) -> tuple[RunInfo, list[Entry], dict[str, RunInfo], int, list[AuditRecord], float]:
     """A run, its history, and (if asked) its child runs by the key of the call that started each, how
-    many runs of its concurrency key are running (0 without a key, or when children are not asked for), and
-    the signals it accepted that its workflow has not consumed."""
+    many runs of its concurrency key are running (0 without a key, or when children are not asked for),
+    the signals it accepted that its workflow has not consumed, and the store's time."""
     store = await store_of(args, readonly=True)
     try:
         info = await store.get_run(run_ref)
@@ -167,9 +167,10 @@ async def _run_and_children(
         consumed = {e.event.signal_id for e in entries if isinstance(e.event, SignalReceived)}
         unconsumed = ([a for a in await store.audit(info.run_id) if a.verdict == "accepted"
                        and a.signal_id not in consumed] if children else [])
+        now = await store.now()
     finally:
         await store.close()
-    return info, entries, found, running, unconsumed
+    return info, entries, found, running, unconsumed, now
 
 
 def _failure(entries: list[Entry]) -> tuple[RunFailed | None, StepFailed | EffectFailed | None]:
@@ -221,7 +222,7 @@ def _indented(text: str, indent: str) -> list[str]:
 
 
 async def runs_show(args: argparse.Namespace) -> int:
-    info, entries, children, running, unconsumed = await _run_and_children(args, args.run)
+    info, entries, children, running, unconsumed, now = await _run_and_children(args, args.run)
     checkpoint = fold(entries)
     budget = budget_of(registry_of(args), info) if args.app else None
     failed, call = _failure(entries)
@@ -236,7 +237,9 @@ async def runs_show(args: argparse.Namespace) -> int:
            f"status      {info.status}   phase {checkpoint.phase}   revision {info.revision}",
            f"created     {when(info.created_at)}   updated {when(info.updated_at)}"
            + (f"   took {duration(info.updated_at - info.created_at)}" if info.status.finished else ""),
-           f"lease       {info.lease_owner or '-'} until {when(info.lease_until)} (token {info.lease_token})"]
+           f"lease       {info.lease_owner or '-'} until {when(info.lease_until)} (token {info.lease_token})"
+           + ("   expired: its worker stopped renewing it; the next worker to claim the run takes it over"
+              if info.lease_owner and info.lease_until is not None and info.lease_until < now else "")]
     if info.status in (RunStatus.READY, RunStatus.WAITING, RunStatus.DIVERGED):
         out.append(f"due         {when(info.due_at)}")
     if _reason(info):

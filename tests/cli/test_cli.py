@@ -127,6 +127,25 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     assert nothing.returncode == 1 and "no run with id or checkpoint id 'nothing-here'" in nothing.stderr
 
 
+def test_runs_show_marks_a_lease_its_worker_stopped_renewing(cli: Cli) -> None:
+    """A run held by a worker that died shows its lease as expired, and says what happens next (helper-89: it
+    showed `running`, leased until a time past, like a run in progress)."""
+
+    async def claimed(seconds: float) -> None:
+        store = await open_store(cli.url)
+        try:
+            await store.enqueue(WorkflowTask("steps", 1, {"n": 1}, checkpoint_id=f"held-{seconds:g}"))
+            assert (await store.claim("dead-worker", {"steps"}, seconds)) is not None
+        finally:
+            await store.close()
+
+    asyncio.run(claimed(0.01))
+    asyncio.run(claimed(3_600))
+    expired = "expired: its worker stopped renewing it; the next worker to claim the run takes it over"
+    assert expired in cli("runs", "show", "held-0.01").stdout
+    assert expired not in cli("runs", "show", "held-3600").stdout
+
+
 def test_runs_show_says_nothing_settles_an_effect_in_flight_when_its_run_was_cancelled(cli: Cli) -> None:
     """helper-81: an effect whose body was in flight when an operator cancelled its run stays in doubt for good;
     runs show said only "in doubt", with no word that nothing will settle it or how to find out."""

@@ -201,6 +201,9 @@ async def fill(store: WorkflowStore, *, bulk_runs: int = BULK) -> Filled:
     await _enqueue(store, "steps", "order-running", n=7)  # after the workers: nobody drives it
     claim = await store.claim("ui-test-holder", {"steps"}, 3_600)  # held, never driven: running
     assert claim is not None and claim.checkpoint_id == "order-running"
+    await _enqueue(store, "steps", "order-stalled", n=8)  # held by a worker that died: its lease runs out
+    stalled = await store.claim("ui-dead-worker", {"steps"}, 0.01)
+    assert stalled is not None and stalled.checkpoint_id == "order-stalled"
     await _enqueue(store, "steps", "order-ready", key="orders", n=6)  # after the claim: nobody claims it
     filled.refs = {RunStatus.COMPLETED: "order-done", RunStatus.WAITING: "approve-waiting",
                    RunStatus.FAILED: "parse-failed", RunStatus.PARKED: "pay-parked",

@@ -35,7 +35,7 @@ def test_runs_list_shows_each_status(served: Served, page: Any) -> None:
     """The runs page counts runs per status, and each status's link lists exactly its runs, with ISO-8601 times."""
     page.goto(served.url + "runs?refresh=0")
     counts = {s.value: int(page.locator(f'#counts a[data-status="{s.value}"] b').inner_text()) for s in RunStatus}
-    assert counts == {"ready": 1 + BULK, "running": 1, "waiting": 1, "parked": 1, "diverged": 1, "completed": 4,
+    assert counts == {"ready": 1 + BULK, "running": 2, "waiting": 1, "parked": 1, "diverged": 1, "completed": 4,
                       "failed": 1, "cancelled": 2}  # completed: order-done, approve-1, family-done and its child
     assert links_are_relative(page)
     served.shot(page, "runs")
@@ -158,6 +158,14 @@ def test_run_pages_show_waits_who_resumed_and_the_replay_verdict(served: Served,
     assert page.locator("#replay-verdict").inner_text().startswith("clean: code and history agree to the end (result ")
     assert page.locator("#parent").count() == 0  # no parent reference in its run_started: nothing shown
     assert page.locator("#concurrency").count() == 0  # enqueued without a concurrency key
+    # a run whose worker died holding it: its lease is marked expired (helper-89: it looked alive)
+    page.goto(served.url + "run?ref=order-stalled")
+    assert page.locator("#lease-expired").inner_text().startswith("(expired: its worker stopped renewing it")
+    page.goto(served.url + "run?ref=order-running")
+    assert page.locator("#lease-expired").count() == 0
+    page.goto(served.url + "runs?refresh=0&status=running")
+    leases = {r["checkpoint id"]: r["status detail"] for r in rows(page)}
+    assert leases["order-stalled"].endswith("(expired)") and not leases["order-running"].endswith("(expired)")
     page.goto(served.url + "run?ref=order-ready")
     assert page.locator("#concurrency").inner_text() == "key orders · at most 2 running at once"
 
