@@ -425,11 +425,27 @@ class Replaying:
             # (what the code did instead, with its exception: the cause of a divergence that a change of code made)
             exc = None if root.cancelled() else root.exception()
             doing = (WORKFLOW_CANCELLED if root.cancelled() else
-                     f"the workflow raised {describe(exc)}" if exc is not None else "the workflow had returned")
+                     f"the workflow raised {describe(exc)}{_raised_at(exc)}" if exc is not None
+                     else "the workflow had returned")
         else:
             waiting = [c.key for c in self._open if not c.future.done()]
             doing = f"the workflow waits for {', '.join(waiting[:3])}" if waiting else "the workflow is blocked"
         return self.replayer.missing(missing, f"no call to it: {doing}")
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (at file.py:12 in fn)``: where ``exc`` was raised, its traceback's last frame; empty if it has none."""
+    import os.path
+    import traceback
+
+    try:
+        frames = traceback.extract_tb(exc.__traceback__)
+    except Exception:  # noqa: BLE001 - an odd traceback: say nothing of where
+        return ""
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
 
 
 #: how the reason of a run whose workflow code raised begins, and the reason of one whose workflow task was

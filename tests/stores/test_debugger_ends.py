@@ -168,7 +168,9 @@ async def test_a_run_whose_history_has_no_end_is_not_reported_finished(store: An
     change["to"] = "raise first"
     report = await replay_run(store, registry, "p1")
     assert report.divergence is not None and report.divergence.key == "pay#1"
-    assert report.divergence.called == "no call to it: the workflow raised KeyError: 'zone'", verdict(report)
+    # with where it was raised (helper-89: nothing said where, in replay, runs show or the worker's log)
+    assert report.divergence.called == ("no call to it: the workflow raised KeyError: 'zone' (at "
+                                        "test_debugger_ends.py:149 in pays)"), verdict(report)
     change["to"] = ""
 
 
