@@ -637,7 +637,7 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
 
     def _lose(self, detail: str) -> None:
         if self._lost is None:
-            self._lost = detail
+            detail = self._lost = self._held_up(detail)
             self.log.warning("lease_lost", detail=detail)
             self._wake_up()
             self._stop_alone()

@@ -30,6 +30,18 @@ class LeaseKeeping:
     def _lose(self, detail: str) -> None:
         raise NotImplementedError
 
+    def _held_up(self, detail: str) -> str:
+        """``detail`` (why the lease was lost), with why it ran out when this worker, which renews it on a timer,
+        had not renewed it for longer than the lease: it was held up, and what to do about that."""
+        live = self._live
+        silent = time.monotonic() - live.renewed_at if live is not None else 0.0
+        if live is None or silent < live.lease_seconds:
+            return detail
+        return (f"{detail}; this worker last renewed it {silent:.1f} s ago, longer than the lease "
+                f"({live.lease_seconds:g} s): its event loop was held up (a step body that blocks it, such as "
+                "time.sleep or long CPU work in an async def: make that a plain def step), its process was paused, "
+                "or the store could not be reached; a lease longer than the longest such pause keeps the run")
+
     async def _renew(self, live: Live) -> None:
         started = time.monotonic()
         live.lease = await live.store.renew(live.lease, live.lease_seconds)

@@ -235,6 +235,9 @@ async def test_a_worker_held_past_its_lease_starts_no_body(store: Any) -> None:
     definition = WorkflowDefinition(held_loop)
     lost = await worker(store, definition, lease=0.9).run_once()
     assert isinstance(lost, LeaseLost), lost
+    # and says why, with what to do (helper-90: "the lease expired", with no word of the blocked loop)
+    assert "this worker last renewed it 1." in lost.detail and "longer than the lease (0.9 s): its event loop was " \
+                                                               "held up" in lost.detail, lost.detail
     assert len(attempts) == 1  # the retry did not start: the lease had run out while the loop was held
     done = await until_completed(store, definition)  # the next claim takes the run over and replays it
     assert done.output == "charged" and len(attempts) == 2
