@@ -140,7 +140,7 @@ def parse_json(text: str, what: str) -> Any:
             raise ArgumentError(f"{what} holds NaN or an infinity, which JSON cannot represent (and runifold does not "
                                 "record); use null or a string for a missing or unbounded number") from exc
         if problem == "huge-int":
-            raise ArgumentError(f"{what} holds an integer of more than {MAX_INT_DIGITS:,} digits, which runifold "
+            raise ArgumentError(f"{what} holds an integer of more than {MAX_INT_DIGITS:,} characters (digits and sign), which runifold "
                                 "cannot record; pass it as a string") from exc
         if problem == "surrogate":
             raise ArgumentError(f"{what} holds a \\u escape of a lone surrogate (half of a UTF-16 pair), which is not "
@@ -158,7 +158,7 @@ def _stdlib_only(text: str) -> str | None:
 
     def integer(literal: str) -> int:
         nonlocal huge
-        huge = huge or len(literal.lstrip("-")) > MAX_INT_DIGITS
+        huge = huge or len(literal) > MAX_INT_DIGITS  # (a minus sign counts)
         return 0
 
     def constant(name: str) -> float:

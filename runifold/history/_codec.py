@@ -136,14 +136,14 @@ def _is_nan(value: Any) -> bool:
     return isinstance(value, decimal.Decimal) and value.is_nan()
 
 
-#: the most digits an int may have: msgspec reads no longer integer back from JSON, whatever
-#: ``sys.set_int_max_str_digits`` allows (and Python's own default limit is the same)
+#: the most characters an int may take (its digits, and a minus sign): msgspec reads no longer integer back from
+#: JSON, whatever ``sys.set_int_max_str_digits`` allows (and Python's own default limit of digits is the same)
 MAX_INT_DIGITS = 4_300
-_TOO_BIG = 10**MAX_INT_DIGITS
 
 
 def _is_huge(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _TOO_BIG
+    return isinstance(value, int) and not isinstance(value, bool) and (
+        value >= 10**MAX_INT_DIGITS or value <= -(10 ** (MAX_INT_DIGITS - 1)))
 
 
 def _unrecordable(value: Any) -> str | None:
@@ -158,7 +158,7 @@ def _unrecordable(value: Any) -> str | None:
         return (f"it {'is' if part is value else 'holds'} {part!r}: a NaN is never equal to itself, so runifold "
                 "could not check that a replay sees what the live call saw; use None or a string for a missing number")
     if _first(value, _is_huge) is not None:
-        return (f"it {'is' if _is_huge(value) else 'holds'} an int of more than {MAX_INT_DIGITS:,} digits, which "
+        return (f"it {'is' if _is_huge(value) else 'holds'} an int of more than {MAX_INT_DIGITS:,} characters (digits and sign), which "
                 "runifold cannot read back from the log, whatever sys.set_int_max_str_digits() allows; record it as "
                 "a str (str(n)) and convert it where it is used")
     part = _first(value, _is_secret)

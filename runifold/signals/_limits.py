@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 from typing import Any, final
 
 from runifold.errors import ConfigurationError, SerializationError, SignalRejectedError
-from runifold.history import encode_value
+from runifold.history import encode_value, to_plain
 from runifold.signals._auth import SignalEnvelope, check_timestamp
 from runifold.stores._protocol import check_unreserved
 
@@ -103,6 +103,7 @@ class SignalLimits:
 def payload_size(payload: Any) -> int:
     """Return the size of ``payload`` as JSON, or refuse it (``bad_payload``) if it is not JSON data."""
     try:
+        to_plain(payload, what="the signal's payload")  # refuses what cannot be read back (an int too long)
         return len(encode_value(payload, what="the signal's payload"))  # refuses NaN, infinities, objects
     except SerializationError as exc:
         raise SignalRejectedError("bad_payload", str(exc)) from None

@@ -31,7 +31,10 @@ def test_enqueue_is_idempotent_and_validates(cli: Cli) -> None:
         refused = cli("enqueue", "steps", "1", "--input", f'{{"n": {number}}}')
         assert refused.returncode == 2 and "holds NaN or an infinity" in refused.stderr, refused.stderr
     huge = cli("enqueue", "steps", "1", "--input", f'{{"n": {"9" * 4_301}}}')  # helper-89: "not valid JSON"
-    assert huge.returncode == 2 and "holds an integer of more than 4,300 digits" in huge.stderr, huge.stderr
+    too_long = "holds an integer of more than 4,300 characters (digits and sign)"
+    assert huge.returncode == 2 and too_long in huge.stderr, huge.stderr
+    negative = cli("enqueue", "steps", "1", "--input", f'{{"n": -{"9" * 4_300}}}')  # helper-92: "lone surrogate"
+    assert negative.returncode == 2 and too_long in negative.stderr, negative.stderr
     zero = cli("enqueue", "steps", "0", "--input", '{"n": 1}')  # a bad value is usage (2), as the README says
     assert zero.returncode == 2 and "'0' must be from 1 to" in zero.stderr, zero.stderr
     missing = cli("enqueue", "steps", "1", "--input", "{}")

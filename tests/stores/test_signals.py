@@ -153,6 +153,24 @@ async def test_a_payload_holding_an_equal_set_is_the_same_signal_whatever_its_or
     assert envelope("o1", "s2", now, payload=plain).payload is plain
 
 
+async def test_a_payload_with_an_int_too_long_to_read_back_is_a_rejected_and_audited_signal(store: Any) -> None:
+    """With Python's digit limit lifted, an int of more than 4,300 characters encodes but cannot be read back: the
+    gateway refuses it as bad_payload and audits it (helper-92: a bare SerializationError, not audited)."""
+    import sys
+
+    await waiting_run(store)
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        with pytest.raises(SignalRejectedError) as caught:
+            await gateway(store).send(msgspec.structs.replace(  # (limits are checked before the signature)
+                envelope("o1", "s1", await store.now()), payload={"approved": True, "n": 10**5000}))
+    finally:
+        sys.set_int_max_str_digits(old)
+    assert caught.value.verdict == "bad_payload" and "more than 4,300 characters" in caught.value.reason
+    assert [a.verdict for a in await store.audit("o1")] == ["rejected:bad_payload"]
+
+
 async def test_replayed_envelopes_keep_the_audit_bounded_and_refusals_say_why(store: Any) -> None:
     """One captured envelope sent again and again added an audit row each time, without bound (5,000 resends:
     5,000 rows, helper-57): duplicates are trimmed with rejections, the newest ``max_rejected_per_run`` of a run

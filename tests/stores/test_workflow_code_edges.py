@@ -345,7 +345,8 @@ async def test_an_int_too_long_to_read_back_is_refused_at_the_call(store: Any, l
     old = sys.get_int_max_str_digits()
     sys.set_int_max_str_digits(limit)
     try:
-        for digits, expected in ((4_299, "10000"), (5_000, "it is an int of more than 4,300 digits")):
+        too_long = "it is an int of more than 4,300 characters (digits and sign)"
+        for digits, expected in ((4_299, "10000"), (5_000, too_long)):
             ran.clear()
             await store.enqueue(WorkflowTask("huge-int", 1, {"digits": digits}, checkpoint_id=f"h{digits}"))
             done = await until_completed(store, WorkflowDefinition(huge_int))
