@@ -99,8 +99,10 @@ def _transient(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
         # is the statement's, and retrying it would only hide the mistake for the whole budget
         return conn is not None and conn.is_closed()
     code = getattr(exc, "sqlstate", None) or ""
-    if conn is None and code == "55000":
-        return True  # refused while connecting: the database takes no connections now (ALLOW_CONNECTIONS false)
+    if conn is None and code == "55000" and "not currently accepting connections" in str(exc):
+        # refused while connecting: the database takes no connections for now (ALLOW_CONNECTIONS false, during
+        # maintenance); not another 55000 of a connection (an invalid database, template0), which stays so
+        return True
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
 
 

@@ -211,7 +211,7 @@ async def test_a_database_that_refuses_connections_is_unreachable_until_it_takes
 
     import asyncpg
 
-    from runifold.errors import StoreUnavailableError
+    from runifold.errors import StoreError, StoreUnavailableError
     from runifold.stores.postgres import PostgresWorkflowStore
     from tests.conftest import empty_postgres_database
 
@@ -227,7 +227,16 @@ async def test_a_database_that_refuses_connections_is_unreachable_until_it_takes
                 await store.now()
             await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
             assert await store.now() > 0
+            # an invalid database (what an interrupted DROP DATABASE leaves) refuses with 55000 too, and stays so:
+            # an error at once, not an outage waited out (helper-92)
+            await admin.execute("UPDATE pg_database SET datconnlimit = -2 WHERE datname = $1", name)
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", name)
+            with pytest.raises(StoreError, match="invalid database") as caught:
+                await store.now()
+            assert not isinstance(caught.value, StoreUnavailableError)
+            await admin.execute("UPDATE pg_database SET datconnlimit = -1 WHERE datname = $1", name)
         finally:
+            await admin.execute("UPDATE pg_database SET datconnlimit = -1 WHERE datname = $1", name)
             await admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
             await admin.close()
             await store.close()
