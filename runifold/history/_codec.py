@@ -299,8 +299,10 @@ def in_one_order(value: Any, *, what: str) -> Any:
     """``value`` as the JSON builtins :func:`to_plain` returns, but with every set's members sorted: a set is
     written in the order of the process's string hashes, so equal values sent from two processes would
     otherwise differ as data. Object keys come sorted too. Members that ``<`` cannot order (plain Enum
-    members, mixed types) are ordered by their JSON text. Raises ``SerializationError`` as :func:`to_plain`
-    does.
+    members, mixed types) are ordered by their JSON text, in builtin containers only: inside a dataclass or
+    Struct such a set keeps its own order, as does a set in a pydantic model (written as a list by the model
+    itself) and a set of frozensets (whose ``<`` is a subset test). Raises ``SerializationError`` as
+    :func:`to_plain` does.
     """
     to_plain(value, what=what)  # refused as anywhere else a value is recorded
     return _in_one_order(value)

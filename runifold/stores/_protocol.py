@@ -109,6 +109,7 @@ class WorkflowTask:
     concurrency_limit: int | None = None
     #: the input as the JSON builtins the history records (set from ``input``)
     _plain: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _canonical: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -142,6 +143,9 @@ class WorkflowTask:
         # a value that cannot be recorded (NaN, invalid Unicode, an object JSON cannot hold) is refused here as
         # everywhere else a value is recorded: SerializationError. Encoded once: what the history records
         object.__setattr__(self, "_plain", to_plain(dict(self.input), what="the task input"))
+        # (and its canonical form taken now, as the history's: an input the caller changes after is neither)
+        object.__setattr__(self, "_canonical", canonical_json(dict(self.input), what="the task input",
+                                                              one_number=True))
 
     def first_event(self) -> EventRow:
         """Return the ``run_started`` row that opens this task's history."""
@@ -155,7 +159,7 @@ class WorkflowTask:
         as the process's hash seed orders them), and a float with an integral value is the same number as
         that int (``1.0`` and ``1``, ``-0.0`` and ``0``: JSON has one kind of number).
         """
-        return canonical_json(dict(self.input), what="the task input", one_number=True)
+        return self._canonical
 
 
 class EventRow(msgspec.Struct, frozen=True):

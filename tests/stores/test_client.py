@@ -84,6 +84,12 @@ async def test_an_equal_set_in_the_input_is_the_same_task_whatever_its_order(ope
     assert again.run_id == first.run_id and not again.created
     with pytest.raises(EnqueueConflictError):
         await store.enqueue(WorkflowTask("stamping", 1, {"n": 1, "seen": {1, 8}}, checkpoint_id="set-1"))
+    # a task is compared as it was made, as its history records it: an input changed after is neither (helper-92)
+    given: dict[str, Any] = {"n": 1}
+    task = WorkflowTask("stamping", 1, given, checkpoint_id="set-2")
+    made = await store.enqueue(task)
+    given["n"] = 2
+    assert (await store.enqueue(task)).run_id == made.run_id
     if open_store.kind == "memory":  # type: ignore[attr-defined]
         return
     url = f"sqlite:///{tmp_path / 'runifold.db'}" if open_store.kind == "sqlite" else require_postgres()  # type: ignore[attr-defined]
