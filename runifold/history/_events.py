@@ -185,7 +185,8 @@ class CallCancelled(Event, frozen=True, tag="call_cancelled", kw_only=True):
     """Workflow code stopped waiting for a call before its outcome was known, e.g. under ``asyncio.timeout``:
     a step's body was cancelled, an effect or a child run had not started, a timer or a signal wait ends
     unfired, and nothing more is recorded for the call. ``kind``: the call's kind (``step``, ``effect``,
-    ``timer``, ``signal``, ``child``); ``ran``: the attempt's body had started (it counts as a step)."""
+    ``timer``, ``signal``, ``child``); ``ran``: the attempt's body had started (a step's counts as a step; a
+    child's start, whose enqueue was under way, runs on and its ``child_started`` follows)."""
 
     kind: str
     attempt: int

@@ -88,6 +88,8 @@ def describe(event: AnyEvent) -> tuple[str, str, str]:
             return f"signal {name!r} ({signal_id}) received with {value(payload)}", sender, reason
         case SignalTimedOut(name=name):
             return f"wait for signal {name!r} timed out", "", ""
+        case CallCancelled(kind="child", ran=True):
+            return "cancelled by workflow code while the child run was being started: its start is recorded", "", ""
         case CallCancelled(attempt=attempt, ran=ran):
             return (f"cancelled by workflow code (attempt {attempt}{', its body stopped' if ran else ''}); "
                     "nothing more is recorded for it"), "", ""

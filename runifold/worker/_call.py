@@ -9,7 +9,7 @@ from typing import Any
 
 from runifold.dsl._definition import EffectSpec, StepSpec
 from runifold.errors import EffectFailedError, NondeterminismError, StepFailedError
-from runifold.history import CHILD_SIGNAL_PREFIX, CallKind
+from runifold.history import CHILD_SIGNAL_PREFIX, AnyEvent, CallCancelled, CallKind, ChildStarted
 from runifold.stores import Lease, WorkflowStore
 
 
@@ -120,3 +120,11 @@ def failed_call(exc: BaseException) -> str:
         errors = exc.exceptions
         return failed_call(errors[0]) if len(errors) == 1 else ""
     return exc.key if isinstance(exc, (StepFailedError, EffectFailedError)) else ""
+
+
+def child_start_under_way(events: list[AnyEvent]) -> bool:
+    """A child's start that workflow code cancelled while its enqueue was under way (``call_cancelled`` with
+    ``ran``), whose ``child_started`` is not recorded yet: the child run may exist, so the start runs on to its
+    ``child_started``, also after a crash (the enqueue is idempotent by the child's checkpoint id)."""
+    return any(isinstance(e, CallCancelled) and e.ran for e in events) and not any(
+        isinstance(e, ChildStarted) for e in events)

@@ -62,7 +62,7 @@ from runifold.history import (
 )
 from runifold.stores import EnqueueResult, InboxSignal, WorkflowTask
 from runifold.worker._bodies import body_outcome, is_async, run_body
-from runifold.worker._call import Call, Live, Usage
+from runifold.worker._call import Call, Live, Usage, child_start_under_way
 from runifold.worker._loop import WorkflowLoop
 
 #: the call key on log lines of a body (structlog's context-local field ``key``)
@@ -158,7 +158,8 @@ class LiveProgress:
         after it in the log, as in the code, and the call's outcome is never recorded: a step's body is
         cancelled, a timer never fires, a signal wait consumes nothing. An effect that has started runs on
         and its outcome is recorded (it may have touched the world already); one that never started is
-        cancelled like a step. The debugger (and a teardown) records nothing.
+        cancelled like a step. A child's start whose enqueue is under way runs on too (the child may exist), its
+        ``call_cancelled`` recorded here with ``ran``. The debugger (and a teardown) records nothing.
 
         A call the replay cancels is recorded too when history holds no end of it: the worker that cancelled it
         live stopped (a crash) before committing its record, and a completed run's history must hold every call
@@ -171,6 +172,10 @@ class LiveProgress:
             return
         if call not in self._open and not call.busy:
             return  # its outcome is recorded already, or it never progressed live
+        if call.kind is CallKind.CHILD and call.busy:
+            self._buffer.append(CallCancelled(key=call.key, kind=call.kind.value, attempt=call.attempt, ran=True))
+            self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
+            return
         if self._runs_on(call):
             return  # started in some attempt: it runs to its outcome (see _runs_on)
         if call in self._open:
@@ -188,15 +193,14 @@ class LiveProgress:
         self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
 
     def _runs_on(self, call: Call) -> bool:
-        """An effect that started in some attempt, or a child's start under way: it is driven to its outcome
-        whether or not workflow code still waits for it (it may have touched the world; the child run may
-        exist already, and its start is recorded).
+        """An effect that started in some attempt, or a child's start under way (the child may exist): it is
+        driven to its outcome whether or not workflow code still waits for it (it may have touched the world).
 
         That holds across crashes: an attempt left in doubt is recovered by the effect's resume policy, a
         retry runs when due, and one parked waits for its operator, before the run may finish.
         """
         if call.kind is CallKind.CHILD:
-            return call.busy
+            return call.busy or child_start_under_way(self.replayer.events(call.key))
         return call.kind is CallKind.EFFECT and (call.busy or call.attempt > 1 or call.in_doubt
                                                  or call.parked is not None or self.replayer.is_recorded(call.key))
 

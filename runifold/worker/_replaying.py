@@ -61,7 +61,7 @@ from runifold.history import (
     timer_state,
     wait_state,
 )
-from runifold.worker._call import Call, Live, ReplayReport
+from runifold.worker._call import Call, Live, ReplayReport, child_start_under_way
 
 #: the kinds of call that, with no history, start fresh and progress live
 _FRESH_OPEN = frozenset({CallKind.STEP, CallKind.EFFECT})
@@ -155,7 +155,9 @@ class Replaying:
                         assert_never(unreachable)
             case CallKind.CHILD:
                 if events:
-                    return False  # child_started: replay answers it
+                    # child_started: replay answers it; a start cancelled while its enqueue was under way, with no
+                    # child_started (the worker stopped before that commit), runs on (see child_start_under_way)
+                    return child_start_under_way(events)
             case CallKind.VALUE | CallKind.CHARGE:
                 raise AssertionError("values and charges are answered at the call")
             case _ as unreachable:

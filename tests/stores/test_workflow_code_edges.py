@@ -25,7 +25,7 @@ from runifold import (
     step,
     workflow,
 )
-from runifold.history import CallCancelled
+from runifold.history import CallCancelled, ChildStarted
 from runifold.worker import replay_run
 from tests.corpus.check import replay_problems
 from tests.support import entries, until_completed, worker
@@ -355,3 +355,83 @@ async def test_an_int_too_long_to_read_back_is_refused_at_the_call(store: Any, l
                                              done.output)
     finally:
         sys.set_int_max_str_digits(old)
+
+
+@workflow("slow-start-parent")
+async def slow_start_parent(ctx: WorkflowContext) -> dict[str, str]:
+    try:
+        async with asyncio.timeout(0.2):
+            await ctx.start_child(tiny_child, {})  # (its enqueue takes longer, below)
+        outcome = "in time"
+    except TimeoutError:
+        outcome = "timed out"
+    return {"outcome": outcome, "after": await quick("after")}
+
+
+def slow_child_enqueue(store: Any, monkeypatch: pytest.MonkeyPatch, *, hang: bool = False) -> None:
+    """The store's enqueue of a child run takes 0.6 s (a slow round trip); with ``hang``, it enqueues the child,
+    then never answers (the worker is stopped there, as by a crash)."""
+    enqueue = store.enqueue
+
+    async def slow(task: WorkflowTask) -> Any:
+        if task.parent_run_id is None:
+            return await enqueue(task)
+        await asyncio.sleep(0.6)
+        result = await enqueue(task)
+        if hang:
+            await asyncio.Event().wait()
+        return result
+
+    monkeypatch.setattr(store, "enqueue", slow)
+
+
+async def test_a_childs_start_cancelled_while_its_enqueue_is_under_way_keeps_its_place(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by helper-92: a child's start cancelled (by a timeout) while its enqueue was under way ran on to
+    child_started, which the log recorded after the calls the task made next: the replay called them reordered.
+    Its cancellation is recorded where the code made it (call_cancelled with ran), then child_started; the child
+    run exists and the parent's history knows it."""
+    definitions = (WorkflowDefinition(slow_start_parent), WorkflowDefinition(tiny_child))
+    slow_child_enqueue(store, monkeypatch)
+    await store.enqueue(WorkflowTask("slow-start-parent", 1, {}, checkpoint_id="s1"))
+    done = await until_completed(store, *definitions)
+    if done.checkpoint_id != "s1":  # (the child, which may complete first)
+        done = await until_completed(store, *definitions)
+    assert done.output == {"outcome": "timed out", "after": "after"}
+    events = [e.event for e in await entries(store, done.run_id)]
+    kinds = [(type(e).__name__, getattr(e, "key", "")) for e in events]
+    cancelled = kinds.index(("CallCancelled", "child.tiny-child#1"))
+    assert cancelled < kinds.index(("StepCompleted", "quick#1")) < kinds.index(("ChildStarted", "child.tiny-child#1"))
+    assert [c.ran for c in events if isinstance(c, CallCancelled)] == [True]
+    assert len(await store.list_runs(name="tiny-child")) == 1
+    assert not await replay_problems(store, WorkflowRegistry(*definitions), "s1", done.output)
+
+
+async def test_a_childs_start_cancelled_under_way_is_recorded_after_a_crash(
+        store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by helper-92: a worker that stopped (a crash) after the child run was enqueued but before its
+    child_started was committed left the child unknown to its parent (an orphan), or the parent diverged. The
+    next worker enqueues it again (the same run: its checkpoint id) and records child_started."""
+    definitions = (WorkflowDefinition(slow_start_parent), WorkflowDefinition(tiny_child))
+    slow_child_enqueue(store, monkeypatch, hang=True)
+    await store.enqueue(WorkflowTask("slow-start-parent", 1, {}, checkpoint_id="s2"))
+    execution = asyncio.ensure_future(worker(store, *definitions, lease=1.0).run_once())
+    for _ in range(200):  # until the step after the cancelled start is committed and the child run exists
+        keys = [e.event.key for e in await entries(store, "s2")]
+        if "quick#1" in keys and await store.list_runs(name="tiny-child"):
+            break
+        await asyncio.sleep(0.02)
+    execution.cancel()  # the worker stops there, child_started never committed
+    await asyncio.gather(execution, return_exceptions=True)
+    assert "child.tiny-child#1" in [e.event.key for e in await entries(store, "s2")]  # (its call_cancelled)
+    assert not any(isinstance(e.event, ChildStarted) for e in await entries(store, "s2"))
+    monkeypatch.undo()
+    await asyncio.sleep(1.1)  # the lease runs out
+    done = await until_completed(store, *definitions)
+    if done.checkpoint_id != "s2":  # (the child, which the next worker may complete first)
+        done = await until_completed(store, *definitions)
+    assert done.output == {"outcome": "timed out", "after": "after"}
+    [child] = await store.list_runs(name="tiny-child")
+    started = [e.event for e in await entries(store, "s2") if isinstance(e.event, ChildStarted)]
+    assert [s.run_id for s in started] == [child.run_id]
+    assert not await replay_problems(store, WorkflowRegistry(*definitions), "s2", done.output)

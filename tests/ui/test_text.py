@@ -58,3 +58,18 @@ def test_a_child_runs_parent_is_read_from_run_started() -> None:
 
     assert fold(first()).parent_run_id is None
     assert fold(first(parent_run_id="run_0123")).parent_run_id == "run_0123"
+
+
+def test_the_timeline_says_a_childs_start_cancelled_under_way_is_recorded() -> None:
+    """A child's start cancelled while its enqueue was under way runs on: the timeline does not say that nothing
+    more is recorded for it (its child_started follows)."""
+    from runifold.history import CallCancelled, ChildStarted
+
+    entries = [Entry(1, 0.0, RunStarted(name="w", version=1, input={})),
+               Entry(2, 0.2, CallCancelled(key="child.kid#1", kind="child", attempt=1, ran=True)),
+               Entry(3, 0.6, ChildStarted(key="child.kid#1", run_id="run_01", name="kid", version=1,
+                                          checkpoint_id="child:run_00:child.kid#1")),
+               Entry(4, 0.7, CallCancelled(key="s#1", kind="step", attempt=1, ran=False))]
+    rows = timeline(entries)
+    assert rows[1]["what"] == "cancelled by workflow code while the child run was being started: its start is recorded"
+    assert rows[3]["what"].endswith("nothing more is recorded for it")
