@@ -118,30 +118,36 @@ async def test_skipping_exactly_a_sleeps_length_fires_its_timer() -> None:
         assert await env.result(run) == "1 day, 0:00:00"
 
 
-async def test_a_workflow_that_sleeps_in_a_loop_for_ever_is_given_up_on(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_workflow_that_sleeps_in_a_loop_for_ever_is_given_up_on() -> None:
     """Found by helper-91: env.result of a poller (a sleep in an endless loop) ran for hours (each of 100,000
-    rounds replays the run). It gives up after skipping time as many times as testing.md says (here fewer, to
-    keep the test short)."""
+    rounds replays the run). It gives up after skipping time as many times as testing.md says, or as
+    ``max_time_skips`` says (helper-92: a finite run with more timers had no way past the limit)."""
     from datetime import timedelta
     from pathlib import Path
 
-    from runifold import WorkflowContext, WorkflowDefinition, workflow
+    from runifold import ConfigurationError, WorkflowContext, WorkflowDefinition, workflow
     from runifold.testing import _environment
 
     said = (Path(__file__).parents[1] / "docs" / "testing.md").read_text()
     assert f"after skipping time\n  {_environment._MAX_ROUNDS:,} times" in said
-    monkeypatch.setattr(_environment, "_MAX_ROUNDS", 100)
 
     @workflow("poller")
-    async def poller(ctx: WorkflowContext) -> int:
-        while True:
+    async def poller(ctx: WorkflowContext, sleeps: int | None) -> int:
+        done = 0
+        while sleeps is None or done < sleeps:
             await ctx.sleep(timedelta(minutes=10))
+            done += 1
+        return done
 
-    async with WorkflowEnvironment(WorkflowDefinition(poller)) as env:
-        run = await env.start(poller, {})
-        with pytest.raises(AssertionError, match=r"did not finish after skipping time 100 times: does it loop "):
+    async with WorkflowEnvironment(WorkflowDefinition(poller), max_time_skips=100) as env:
+        run = await env.start(poller, {"sleeps": None})
+        with pytest.raises(AssertionError, match=r"did not finish after skipping time 100 times: does it loop "
+                                                 r"forever\? \(if not, raise WorkflowEnvironment\(max_time_skips=\)\)"):
             await env.result(run)
         assert len(await env.store.history(run.run_id)) == 1 + 100 + 99  # run started; 100 timers started, 99 fired
+        assert await env.result(await env.start(poller, {"sleeps": 99})) == 99  # a run that ends within the limit
+    with pytest.raises(ConfigurationError, match="max_time_skips"):
+        WorkflowEnvironment(WorkflowDefinition(poller), max_time_skips=0)
 
 
 async def test_a_child_the_environment_cannot_run_is_named() -> None:

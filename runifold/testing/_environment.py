@@ -19,8 +19,9 @@ from runifold.testing._clock import FakeClock
 from runifold.worker import Idle, LeaseDuration, Outcome, WorkerId, WorkflowRegistry, WorkflowWorker
 from runifold.worker._debug import replay
 
-#: how many times result() and run_until_suspended() skip time before they give up on a run that never settles
-#: (each skip replays the run, so a workflow that sleeps in a loop for ever must be stopped well before 100,000)
+#: how many times result() and run_until_suspended() skip time, by default, before they give up on a run that never
+#: settles (each skip replays the run, so a workflow that sleeps in a loop for ever must be stopped well before
+#: 100,000)
 _MAX_ROUNDS = 1_000
 
 
@@ -43,6 +44,8 @@ class WorkflowEnvironment:
     Args:
         registry: the definitions to run (a :class:`WorkflowRegistry`, or definitions).
         start: the clock's first reading (default: now), an aware datetime.
+        max_time_skips: how many times :meth:`result` and :meth:`run_until_suspended` skip time for one call
+            before they give up on a run that never settles (raise it for a run with more timers than that).
 
     Use it as an async context manager::
 
@@ -52,7 +55,7 @@ class WorkflowEnvironment:
     """
 
     def __init__(self, registry: WorkflowRegistry | WorkflowDefinition, *more: WorkflowDefinition,
-                 start: datetime | None = None) -> None:
+                 start: datetime | None = None, max_time_skips: int = _MAX_ROUNDS) -> None:
         if isinstance(registry, WorkflowDefinition):
             registry = WorkflowRegistry(registry, *more)
         elif not isinstance(registry, WorkflowRegistry) or more:
@@ -66,6 +69,10 @@ class WorkflowEnvironment:
         if start is not None and start.utcoffset() is None:
             raise ConfigurationError(f"WorkflowEnvironment(start=) takes an aware datetime (e.g. with tzinfo=UTC), "
                                      f"got {start!r}: a naive one would be read in this machine's time zone")
+        if not isinstance(max_time_skips, int) or isinstance(max_time_skips, bool) or max_time_skips < 1:
+            raise ConfigurationError(f"WorkflowEnvironment(max_time_skips=) takes a whole number of at least 1, "
+                                     f"got {max_time_skips!r}")
+        self.max_time_skips = max_time_skips
         self.registry = registry
         self.clock = FakeClock(None if start is None else start.timestamp())
         self.store = MemoryWorkflowStore(self.clock)
@@ -124,7 +131,7 @@ class WorkflowEnvironment:
 
     async def run_until_suspended(self, run: RunHandle | str) -> RunInfo:
         """Drive runs, skipping timers, until ``run`` waits for a signal, is parked or diverged, or has finished."""
-        for _ in range(_MAX_ROUNDS):
+        for _ in range(self.max_time_skips):
             await self.run_until_idle()
             await self._check_runnable()
             info = await self.store.get_run(_id(run))
@@ -132,8 +139,8 @@ class WorkflowEnvironment:
                 return info
             if not await self.skip_time():
                 return info
-        raise AssertionError(f"run {_id(run)} did not settle after skipping time {_MAX_ROUNDS:,} times: does it "
-                             "loop forever?")
+        raise AssertionError(f"run {_id(run)} did not settle after skipping time {self.max_time_skips:,} times: "
+                             "does it loop forever? (if not, raise WorkflowEnvironment(max_time_skips=))")
 
     async def result(self, run: RunHandle | str) -> Any:
         """Drive runs, skipping time (signal deadlines too), until ``run`` finishes; return its output.
@@ -143,7 +150,7 @@ class WorkflowEnvironment:
             AssertionError: the run waits for something that never comes in this environment
                 (a signal nobody sent, an operator's resolution) or diverged, saying which.
         """
-        for _ in range(_MAX_ROUNDS):
+        for _ in range(self.max_time_skips):
             await self.run_until_idle()
             await self._check_runnable()
             info = await self.store.get_run(_id(run))
@@ -158,8 +165,8 @@ class WorkflowEnvironment:
                     f"run {info.run_id} is {info.status} and nothing in this environment will change that "
                     f"({info.reason}): {await self._what_it_needs(info)}"
                 )
-        raise AssertionError(f"run {_id(run)} did not finish after skipping time {_MAX_ROUNDS:,} times: does it "
-                             "loop forever?")
+        raise AssertionError(f"run {_id(run)} did not finish after skipping time {self.max_time_skips:,} times: "
+                             "does it loop forever? (if not, raise WorkflowEnvironment(max_time_skips=))")
 
     # -- signals --------------------------------------------------------------------------------
 

@@ -272,7 +272,8 @@ class Replaying:
         :meth:`_converted`), not an error of workflow code. The task waits until the driver ends the execution."""
         if self._divergence is None:
             self._divergence = NondeterminismError(
-                what, f"the value {clipped(plain)}", f"result() expecting {_type_text(returns)}", str(exc))
+                what, f"the child's result {clipped(plain)} (in the child run's history)",
+                f"result() expecting {_type_text(returns)}", str(exc))
         await asyncio.get_running_loop().create_future()
         raise AssertionError("unreachable: the execution ends at a divergence")
 
