@@ -139,11 +139,11 @@ def _is_nan(value: Any) -> bool:
 #: the most characters an int may take (its digits, and a minus sign): msgspec reads no longer integer back from
 #: JSON, whatever ``sys.set_int_max_str_digits`` allows (and Python's own default limit of digits is the same)
 MAX_INT_DIGITS = 4_300
+_LONGEST = (-(10 ** (MAX_INT_DIGITS - 1)), 10**MAX_INT_DIGITS)  # the ints just too long, below and above
 
 
 def _is_huge(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and (
-        value >= 10**MAX_INT_DIGITS or value <= -(10 ** (MAX_INT_DIGITS - 1)))
+    return isinstance(value, int) and not isinstance(value, bool) and not _LONGEST[0] < value < _LONGEST[1]
 
 
 def _unrecordable(value: Any) -> str | None:
