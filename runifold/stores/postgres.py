@@ -101,7 +101,8 @@ def _transient(exc: BaseException, conn: asyncpg.Connection | None) -> bool:
     code = getattr(exc, "sqlstate", None) or ""
     if conn is None and code == "55000" and "not currently accepting connections" in str(exc):
         # refused while connecting: the database takes no connections for now (ALLOW_CONNECTIONS false, during
-        # maintenance); not another 55000 of a connection (an invalid database, template0), which stays so
+        # maintenance); not another 55000 of a connection (an invalid database), which stays so. (The server's
+        # message is matched: with lc_messages in another language, the refusal is an error at once)
         return True
     return code in _TRANSIENT_CODES or code[:2] in _TRANSIENT_CLASSES
 

@@ -157,9 +157,8 @@ class LiveProgress:
         ``call_cancelled`` is recorded before the cancelled task runs on, so the scope's next call comes
         after it in the log, as in the code, and the call's outcome is never recorded: a step's body is
         cancelled, a timer never fires, a signal wait consumes nothing. An effect that has started runs on
-        and its outcome is recorded (it may have touched the world already); one that never started is
-        cancelled like a step. A child's start whose enqueue is under way runs on too (the child may exist), its
-        ``call_cancelled`` recorded here with ``ran``. The debugger (and a teardown) records nothing.
+        and its outcome is recorded (it may have touched the world already); one that never started is cancelled
+        like a step; so is a child's start (one under way runs on). The debugger (and a teardown) records nothing.
 
         A call the replay cancels is recorded too when history holds no end of it: the worker that cancelled it
         live stopped (a crash) before committing its record, and a completed run's history must hold every call
@@ -172,8 +171,9 @@ class LiveProgress:
             return
         if call not in self._open and not call.busy:
             return  # its outcome is recorded already, or it never progressed live
-        if call.kind is CallKind.CHILD and call.busy:
+        if call.kind is CallKind.CHILD and call.busy:  # committed at once: a crash after it finds the start under way
             self._buffer.append(CallCancelled(key=call.key, kind=call.kind.value, attempt=call.attempt, ran=True))
+            self._flush = True
             self.log.info("call_cancelled", key=call.key, attempt=call.attempt)
             return
         if self._runs_on(call):
