@@ -4,6 +4,7 @@ KeyboardInterrupt raised by workflow code, and a plain ``def`` step's thread tha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from datetime import timedelta
@@ -435,3 +436,42 @@ async def test_a_childs_start_cancelled_under_way_is_recorded_after_a_crash(
     started = [e.event for e in await entries(store, "s2") if isinstance(e.event, ChildStarted)]
     assert [s.run_id for s in started] == [child.run_id]
     assert not await replay_problems(store, WorkflowRegistry(*definitions), "s2", done.output)
+
+
+@workflow("cancels-a-start")
+async def cancels_a_start(ctx: WorkflowContext) -> str:
+    task = asyncio.ensure_future(ctx.start_child(tiny_child, {}))
+    await quick("first")
+    task.cancel()  # while its enqueue is under way
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await ctx.start_child(tiny_child, {}, checkpoint_id="second-child")  # nothing is committed before it
+    return "done"
+
+
+async def test_a_childs_start_cancelled_under_way_is_committed_at_once(store: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by helper-93: the cancellation of a start under way waited in the buffer for the task's next commit;
+    when the next call committed nothing either (another child's start), a crash after the first child's enqueue
+    left that child unknown to its parent. It is committed at once."""
+    definitions = (WorkflowDefinition(cancels_a_start), WorkflowDefinition(tiny_child))
+    slow_child_enqueue(store, monkeypatch, hang=True)
+    await store.enqueue(WorkflowTask("cancels-a-start", 1, {}, checkpoint_id="c1"))
+    execution = asyncio.ensure_future(worker(store, *definitions, lease=1.0).run_once())
+    for _ in range(300):  # until both children's runs exist: the first's start was cancelled, the second waits
+        if len(await store.list_runs(name="tiny-child")) == 2:
+            break
+        await asyncio.sleep(0.02)
+    execution.cancel()  # the worker stops there
+    await asyncio.gather(execution, return_exceptions=True)
+    monkeypatch.undo()
+    await asyncio.sleep(1.1)  # the lease runs out
+    for _ in range(3):  # (the children may complete first)
+        done = await until_completed(store, *definitions)
+        if done.checkpoint_id == "c1":
+            break
+    assert done.output == "done"
+    children = {r.run_id for r in await store.list_runs(name="tiny-child")}
+    named = {e.event.run_id for e in await entries(store, "c1") if isinstance(e.event, ChildStarted)}
+    assert len(children) == 2 and named == children  # no child run its parent does not name
+    assert not await replay_problems(store, WorkflowRegistry(*definitions), "c1", done.output)
