@@ -131,12 +131,14 @@ class WorkflowEnvironment:
 
     async def run_until_suspended(self, run: RunHandle | str) -> RunInfo:
         """Drive runs, skipping timers, until ``run`` waits for a signal, is parked or diverged, or has finished."""
-        for _ in range(self.max_time_skips):
+        for skipped in range(self.max_time_skips + 1):  # (driven after the last skip too)
             await self.run_until_idle()
             await self._check_runnable()
             info = await self.store.get_run(_id(run))
             if info.status not in (RunStatus.READY, RunStatus.WAITING) or await self._signals_awaited(info):
                 return info
+            if skipped == self.max_time_skips:
+                break
             if not await self.skip_time():
                 return info
         raise AssertionError(f"run {_id(run)} did not settle after skipping time {self.max_time_skips:,} times: "
@@ -150,7 +152,7 @@ class WorkflowEnvironment:
             AssertionError: the run waits for something that never comes in this environment
                 (a signal nobody sent, an operator's resolution) or diverged, saying which.
         """
-        for _ in range(self.max_time_skips):
+        for skipped in range(self.max_time_skips + 1):  # (driven after the last skip too)
             await self.run_until_idle()
             await self._check_runnable()
             info = await self.store.get_run(_id(run))
@@ -159,8 +161,10 @@ class WorkflowEnvironment:
                 return await handle.result()
             # (a run whose child is parked or diverged waits for ever too: skipping time would only run out its
             # elapsed budget)
-            if (info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or await self._stuck_child(info) is not None
-                    or not await self.skip_time()):
+            stuck = info.status in (RunStatus.PARKED, RunStatus.DIVERGED) or await self._stuck_child(info) is not None
+            if not stuck and skipped == self.max_time_skips:
+                break
+            if stuck or not await self.skip_time():
                 raise AssertionError(
                     f"run {info.run_id} is {info.status} and nothing in this environment will change that "
                     f"({info.reason}): {await self._what_it_needs(info)}"
