@@ -25,6 +25,7 @@ from runifold.dsl._definition import (
     StepSpec,
     WorkflowSpec,
     _ReturnType,
+    check_annotations,
     positional_params,
 )
 from runifold.errors import ConfigurationError, OutsideWorkflowError
@@ -113,6 +114,7 @@ def workflow(name: str, *, version: int = 1) -> Callable[[Callable[P, Awaitable[
             raise ConfigurationError(
                 f"workflow {name!r} must take the WorkflowContext as its first parameter, then its input, e.g. "
                 f"async def {getattr(fn, '__name__', 'fn')}(ctx: WorkflowContext, order_id: str)")
+        check_annotations(fn, "workflow", params[1:])
         setattr(fn, WORKFLOW_ATTR, WorkflowSpec(name, version, fn, params[1:]))
         return fn
 
@@ -153,6 +155,7 @@ def step(
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, Any]]:
         _check_callable(fn, "step")
+        check_annotations(fn, "step")
         spec = StepSpec(_check_id(fn.__name__ if id is None else id, "step"), fn, retry or RetryPolicy(), requires, _ReturnType(fn),
                         timeout)
         plain = not inspect.iscoroutinefunction(fn)
@@ -218,6 +221,7 @@ def effect(
         _check_async(fn, "effect")
         if not positional_params(fn, 0):
             raise ConfigurationError(f"effect {fn.__name__!r} must take the idempotency key as its first parameter")
+        check_annotations(fn, "effect")
         spec = EffectSpec(
             _check_id(fn.__name__ if id is None else id, "effect"), fn, resume, reconcile, retry or RetryPolicy(),
             requires, timeout, _ReturnType(fn),

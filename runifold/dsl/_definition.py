@@ -14,8 +14,8 @@ from datetime import timedelta
 from typing import Any, final
 
 from runifold.dsl._concurrency import ConcurrencyLimit
-from runifold.errors import ConfigurationError
-from runifold.history import CHILD_SIGNAL_PREFIX
+from runifold.errors import ConfigurationError, SerializationError
+from runifold.history import CHILD_SIGNAL_PREFIX, annotation_problem
 
 WORKFLOW_ATTR = "__runifold_workflow__"
 
@@ -182,13 +182,38 @@ class _ReturnType:
     cache: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def get(self) -> Any:
+        """The type, resolved on first use.
+
+        Raises:
+            SerializationError: no value can be decoded to it (see :func:`check_annotations`), so the call fails
+                before its body runs.
+        """
         if "t" not in self.cache:
             try:
                 hints = typing.get_type_hints(self.fn)
             except Exception:  # unresolved forward references: decode as plain data
                 hints = {}
             self.cache["t"] = hints.get("return", Any)
+            self.cache["why"] = annotation_problem(self.cache["t"])
+        if self.cache["why"] is not None:
+            name = getattr(self.fn, "__qualname__", self.fn)
+            raise SerializationError(f"{name} cannot return a value runifold records: {self.cache['why']}")
         return self.cache["t"]
+
+
+def check_annotations(fn: Callable[..., Any], what: str, params: Collection[str] = ()) -> None:
+    """Refuse, as ``fn`` is decorated, an annotation no value can be decoded to: its return's, and those of
+    ``params`` (a workflow's input). One Python cannot resolve yet (a class defined further down) is checked when
+    the call is first made."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:
+        return
+    for name in ("return", *params):
+        why = annotation_problem(hints.get(name, Any))
+        if why is not None:
+            where = "return a value runifold records" if name == "return" else f"take its parameter {name!r}"
+            raise ConfigurationError(f"{what} {getattr(fn, '__name__', fn)!r} cannot {where}: {why}")
 
 
 @final

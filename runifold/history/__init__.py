@@ -27,6 +27,7 @@ from runifold.history._checkpoint import Checkpoint, Phase, Usage, Wait, fold
 from runifold.history._codec import (
     MAX_INT_DIGITS,
     accept,
+    annotation_problem,
     canonical,
     canonical_json,
     convert,
@@ -80,7 +81,7 @@ from runifold.history._replayer import CallKind, Replayer, kind_of
 
 __all__ = [
     "CHILD_SIGNAL_PREFIX", "child_signal", "MAX_VERSION", "NEVER_FIRES", "LATEST_FIRE", "fire_time",
-    "MAX_INT_DIGITS", "TERMINAL_EVENTS", "accept", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
+    "MAX_INT_DIGITS", "TERMINAL_EVENTS", "accept", "annotation_problem", "Ambiguous", "AnyEvent", "CallCancelled", "CallKind", "Cancelled",
     "Checkpoint", "ChildStarted", "Done",
     "EffectAmbiguous", "EffectCompleted", "EffectFailed", "EffectReconciled",
     "EffectResolved", "EffectStarted", "EffectUnknown", "EffectState", "Entry", "Event", "Failed", "Fresh",

@@ -384,10 +384,7 @@ def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
     except TypeError:  # an unhashable annotation: not a pydantic one
         adapter = None
     except Exception as exc:  # pydantic builds no schema for it (a msgspec Struct beside a model, say): helper-83
-        raise UnsupportedTypeError(
-            f"the annotation {_spell(type_)} holds a pydantic model, so pydantic decodes it, and pydantic cannot "
-            f"({brief(exc)}); keep the model and the msgspec Struct in separate values, or use dataclasses or "
-            "pydantic models throughout") from exc
+        raise UnsupportedTypeError(_pydantic_cannot(type_, exc)) from exc
     try:
         if adapter is not None:
             return adapter.validate_python(value)
@@ -400,14 +397,42 @@ def _to_type(value: Any, type_: Any, strict: bool = False) -> Any:
             raise UnsupportedTypeError(why) from exc
         raise
     except TypeError as exc:  # msgspec cannot decode to this annotation at all
-        raise UnsupportedTypeError(
-            f"the annotation {_name(type_)} is not a type runifold can decode ({exc}); for a union of several "
-            "dataclasses or Structs use tagged msgspec Structs (tag=True), and give an Enum values of one kind"
-        ) from exc
+        raise UnsupportedTypeError(_cannot_decode(type_, exc)) from exc
     except ValueError:
         raise
     except Exception as exc:  # the class's own code raised building it from the data (a __post_init__, a validator)
         raise ValueError(f"building {_name(type_)} from its data raised {type(exc).__name__}: {exc}") from exc
+
+
+def _pydantic_cannot(type_: Any, exc: BaseException) -> str:
+    return (f"the annotation {_spell(type_)} holds a pydantic model, so pydantic decodes it, and pydantic cannot "
+            f"({brief(exc)}); keep the model and the msgspec Struct in separate values, or use dataclasses or "
+            "pydantic models throughout")
+
+
+def _cannot_decode(type_: Any, exc: BaseException) -> str:
+    return (f"the annotation {_name(type_)} is not a type runifold can decode ({exc}); for a union of several "
+            "dataclasses or Structs use tagged msgspec Structs (tag=True), and give an Enum values of one kind")
+
+
+def annotation_problem(type_: Any) -> str | None:
+    """Why no value at all can be decoded to the annotation ``type_`` (an Enum of mixed values, a union of two
+    dataclasses, a pydantic model beside a Struct), or None: checked before a body runs, so a call whose result
+    could never be recorded fails before it does anything."""
+    if type_ is Any or type_ is typing.NoReturn or type_ is typing.Never:  # (a body that only raises)
+        return None
+    try:
+        if _pydantic_adapter(type_) is not None:
+            return None
+    except TypeError:  # an unhashable annotation: not a pydantic one
+        pass
+    except Exception as exc:
+        return _pydantic_cannot(type_, exc)
+    try:
+        msgspec.json.Decoder(type_)
+    except TypeError as exc:
+        return _cannot_decode(type_, exc)
+    return None
 
 
 class UnsupportedTypeError(ValueError):

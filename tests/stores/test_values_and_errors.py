@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import decimal
 import dataclasses
+import enum
 import os
 import pathlib
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -20,8 +21,10 @@ import pytest
 
 from runifold import (
     Completed,
+    ConfigurationError,
     Failed,
     InvalidInputError,
+    ResumePolicy,
     RetryPolicy,
     SerializationError,
     StepFailedError,
@@ -30,6 +33,7 @@ from runifold import (
     WorkflowDefinition,
     WorkflowRegistry,
     WorkflowTask,
+    effect,
     step,
     workflow,
 )
@@ -217,6 +221,12 @@ async def test_a_base_exception_raised_by_a_body_fails_its_attempt_not_the_worke
 # -- annotations the codec cannot decode to ---------------------------------------------------------------
 
 
+@step()
+async def payment_method(kind: str) -> CardOrIban:  # (a name Python resolves only when the step is first called)
+    ran["payment_method"] += 1
+    return Card("4242") if kind == "card" else Iban("DE00")
+
+
 @dataclasses.dataclass
 class Card:
     number: str
@@ -227,33 +237,70 @@ class Iban:
     iban: str
 
 
-@step()
-async def payment_method(kind: str) -> Card | Iban:
-    return Card("4242") if kind == "card" else Iban("DE00")
+CardOrIban = Card | Iban
 
 
-async def outcome_text(call: Awaitable[Any]) -> str:
-    """What a step call gave, as text: its result, or the error text of its failure."""
+class Mixed(enum.Enum):
+    CASH = "cash"
+    CHEQUE = 2
+
+
+async def outcome_text(call: Callable[[], Awaitable[Any]]) -> str:
+    """What a step call gave, as text: its result, the error text of its failure, or why it was refused."""
     try:
-        return str(await call)
+        return str(await call())
     except StepFailedError as exc:
         return exc.error
+    except SerializationError as exc:  # refused at the call
+        return f"refused: {exc}"
 
 
 @workflow("pays")
 async def pays(ctx: WorkflowContext) -> str:
-    return await outcome_text(payment_method("card"))
+    try:
+        return str(await payment_method("card"))
+    except SerializationError as exc:
+        return f"refused at the call: {exc}"
 
 
-async def test_an_annotation_the_codec_cannot_decode_to_fails_the_step_saying_so(store: Any) -> None:
+def test_an_annotation_no_value_decodes_to_is_refused_when_the_call_is_declared() -> None:
+    """helper-88: an Enum of str and int values was refused only when a result was recorded, after the body ran
+    (an effect's too, whose body had charged)."""
+    def declared(decorate: Any, fn: Any) -> str:
+        with pytest.raises(ConfigurationError) as caught:
+            decorate(fn)
+        return str(caught.value)
+
+    async def cash() -> Mixed:
+        return Mixed.CASH
+
+    async def card(key: str) -> Card | Iban:
+        return Card(key)
+
+    async def takes(ctx: WorkflowContext, how: Mixed) -> str:
+        return "paid"
+
+    assert declared(step(), cash).startswith(
+        "step 'cash' cannot return a value runifold records: the annotation Mixed is not a type runifold can decode "
+        "(Enums must contain either all str or all int values")
+    assert declared(effect(resume=ResumePolicy.REPEAT), card).startswith("effect 'card' cannot return a value runifold records: the annotation")
+    assert "Type unions may not contain more than one dataclass" in declared(effect(resume=ResumePolicy.REPEAT), card)
+    assert declared(workflow("takes"), takes).startswith("workflow 'takes' cannot take its parameter 'how': ")
+
+
+async def test_an_annotation_resolved_only_at_the_call_is_refused_there_before_the_body_runs(store: Any) -> None:
     """A union of two dataclasses raised msgspec's TypeError out of the driver: the worker logged an unexpected
-    error and the run recovered lease after lease until its recovery budget ran out."""
+    error and the run recovered lease after lease until its recovery budget ran out. Then the step failed once its
+    body had run; now the call raises SerializationError before it does anything, live and replayed alike."""
     await store.enqueue(WorkflowTask("pays", 1, {}, checkpoint_id="p1"))
     done = await worker(store, WorkflowDefinition(pays)).run_once()
     assert isinstance(done, Completed)
-    assert done.output.startswith("SerializationError: step payment_method#1: the annotation")
+    assert done.output.startswith("refused at the call: payment_method cannot return a value runifold records: the "
+                                  "annotation")
     assert "is not a type runifold can decode (Type unions may not contain more than one" in done.output
     assert "use tagged msgspec Structs (tag=True)" in done.output
+    assert ran["payment_method"] == 0
+    assert await event_types(store, done.run_id) == ["run_started", "run_completed"]
 
 
 class Sku(msgspec.Struct, frozen=True):
@@ -277,9 +324,12 @@ bodies: Counter[str] = Counter()
 
 
 @step()
-async def sku_and_price() -> tuple[Sku, Price]:
+async def sku_and_price() -> SkuAndPrice:  # (resolved at the call: refused there, before the body runs)
     bodies["sku_and_price"] += 1
     return Sku("a"), Price(cents=1)
+
+
+SkuAndPrice = tuple[Sku, Price]
 
 
 @step()
@@ -292,7 +342,7 @@ async def reading() -> Reading:
 
 @workflow("decodes-with-user-code")
 async def decodes_with_user_code(ctx: WorkflowContext) -> list[str]:
-    return [await outcome_text(call()) for call in (sku_and_price, reading)]
+    return [await outcome_text(call) for call in (sku_and_price, reading)]
 
 
 async def test_a_decoder_that_raises_fails_the_step_saying_so_and_never_the_worker(store: Any) -> None:
@@ -305,11 +355,11 @@ async def test_a_decoder_that_raises_fails_the_step_saying_so_and_never_the_work
     done = await worker(store, WorkflowDefinition(decodes_with_user_code)).run_once()
     assert isinstance(done, Completed), done
     mixed, post_init = done.output
-    assert mixed.startswith("SerializationError: step sku_and_price#1: the annotation tuple[") and (
+    assert mixed.startswith("refused: sku_and_price cannot return a value runifold records: the annotation tuple[") and (
         "holds a pydantic model, so pydantic decodes it, and pydantic cannot" in mixed), mixed
     assert post_init.startswith("SerializationError: step reading#1 returned a Reading that does not fit") and (
         "building Reading from its data raised RuntimeError: sensor out of range" in post_init), post_init
-    assert bodies == {"sku_and_price": 1, "reading": 1}
+    assert bodies == {"reading": 1}
 
 
 @dataclasses.dataclass
@@ -331,7 +381,7 @@ async def opaque() -> Opaque:
 
 @workflow("returns-opaque")
 async def returns_opaque(ctx: WorkflowContext) -> str:
-    return await outcome_text(opaque())
+    return await outcome_text(opaque)
 
 
 async def test_a_result_whose_eq_and_repr_raise_fails_its_step_once(store: Any) -> None:
@@ -355,7 +405,7 @@ async def wrapped() -> Wrapped:
 
 @workflow("model-in-a-struct")
 async def model_in_a_struct(ctx: WorkflowContext) -> str:
-    return await outcome_text(wrapped())
+    return await outcome_text(wrapped)
 
 
 async def test_a_pydantic_model_inside_a_struct_is_refused_saying_what_to_do(store: Any) -> None:
@@ -374,7 +424,7 @@ async def card_typed_elsewhere() -> "ImportedOnlyForTypeChecking":  # type: igno
 
 @workflow("annotated-elsewhere")
 async def annotated_elsewhere(ctx: WorkflowContext) -> str:
-    return await outcome_text(card_typed_elsewhere())
+    return await outcome_text(card_typed_elsewhere)
 
 
 async def test_an_annotation_that_cannot_be_resolved_is_named_in_the_refusal(store: Any) -> None:
@@ -444,7 +494,7 @@ SECRETS = ("the log keeps what it records in clear, so keep secrets out of input
 
 @workflow("refused")
 async def refused(ctx: WorkflowContext, name: str) -> str:
-    return await outcome_text(REFUSED[name]())
+    return await outcome_text(REFUSED[name])
 
 
 @workflow("counted")
