@@ -428,9 +428,14 @@ class WorkflowStore(Protocol):
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
-        reason: str = "",
+        reason: str = "", *, decided_at: int | None = None,
     ) -> CommitResult:
-        """An operator's append (cancel, resolve, retry): fences off any lease holder; ``reason`` becomes the run's."""
+        """An operator's append (cancel, resolve, retry): fences off any lease holder; ``reason`` becomes the run's.
+
+        Raises:
+            InvalidStateError: the run's status is not in ``allowed``, or its revision is no longer ``decided_at``
+                (the revision the action was decided on), see :func:`runifold.stores._rule.intervene_refusal`.
+        """
         ...
 
     async def wake(self, run_ref: str) -> RunInfo:

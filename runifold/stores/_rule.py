@@ -150,10 +150,20 @@ def wake_refusal(run_id: str, status: RunStatus) -> InvalidStateError | None:
     return InvalidStateError(f"run {run_id} is {status}, so it cannot be woken: {why}")
 
 
-def intervene_refusal(run_id: str, status: RunStatus, allowed: Collection[RunStatus]) -> InvalidStateError | None:
-    """Why an operator action needing ``allowed`` does not fit a run in ``status``, or None."""
+def intervene_refusal(run_id: str, status: RunStatus, allowed: Collection[RunStatus], revision: int = 0,
+                      decided_at: int | None = None) -> InvalidStateError | None:
+    """Why an operator action needing ``allowed`` does not fit a run in ``status`` at ``revision``, or None.
+
+    ``decided_at``: the revision whose history the action was decided on (an effect found ambiguous there); the
+    run must not have moved on since, or two operators resolving one effect at once would both be accepted.
+    """
     if status in allowed:
-        return None
+        if decided_at is None or revision == decided_at:
+            return None
+        return InvalidStateError(
+            f"run {run_id} changed while this action was decided (it was decided on revision {decided_at}; the run "
+            f"is at revision {revision} now: another operator or a worker acted first); look at the run again "
+            f"(`runifold runs show {run_id}`) and repeat the action if it still applies")
     if status.finished and not any(a.finished for a in allowed):
         retry = "; `runifold retry` runs a failed run again" if status is RunStatus.FAILED else ""
         return InvalidStateError(f"run {run_id} has finished ({status}): only a run that has not finished "

@@ -307,10 +307,10 @@ class MemoryWorkflowStore:
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
-        reason: str = "",
+        reason: str = "", *, decided_at: int | None = None,
     ) -> CommitResult:
         run = self._find(run_ref)
-        refused = _rule.intervene_refusal(run.run_id, run.status, allowed)
+        refused = _rule.intervene_refusal(run.run_id, run.status, allowed, run.revision, decided_at)
         if refused is not None:
             raise refused
         now = self._clock()

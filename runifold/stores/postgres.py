@@ -418,15 +418,16 @@ class PostgresWorkflowStore:
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
-        reason: str = "",
+        reason: str = "", *, decided_at: int | None = None,
     ) -> CommitResult:
         row = await self._call(lambda conn: conn.fetchrow(
             Q["intervene"], ref_column(run_ref), run_ref, sorted(str(s) for s in allowed), [e.type for e in events],
-            [e.key for e in events], [e.body.decode() for e in events], str(status), clean_text(reason)))
+            [e.key for e in events], [e.body.decode() for e in events], str(status), clean_text(reason), decided_at))
         if row is None:
             raise RunNotFoundError(run_ref)
         if row["new_revision"] is None:
-            refused = _rule.intervene_refusal(row["run_id"], RunStatus(row["status"]), allowed)
+            refused = _rule.intervene_refusal(row["run_id"], RunStatus(row["status"]), allowed, row["revision"],
+                                              decided_at)
             assert refused is not None
             raise refused
         return CommitResult(row["new_revision"], row["at"])

@@ -520,11 +520,11 @@ class SqliteWorkflowStore:
 
     async def intervene(
         self, run_ref: str, allowed: Collection[RunStatus], events: Sequence[EventRow], status: RunStatus,
-        reason: str = "",
+        reason: str = "", *, decided_at: int | None = None,
     ) -> CommitResult:
         def op(conn: sqlite3.Connection) -> CommitResult:
             info = _run_info(_find(conn, run_ref))
-            refused = _rule.intervene_refusal(info.run_id, info.status, allowed)
+            refused = _rule.intervene_refusal(info.run_id, info.status, allowed, info.revision, decided_at)
             if refused is not None:
                 raise refused
             now = self._clock()

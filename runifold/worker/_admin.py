@@ -41,6 +41,13 @@ _BUDGET_EXCEEDED = type_name(BudgetExceededError)
 
 
 
+def _who_and_why(action: str, by: Any, reason: Any) -> None:
+    """An operator action names who decided and why, as text: both go into the history."""
+    if not (isinstance(by, str) and by and isinstance(reason, str) and reason):
+        raise InvalidStateError(f"{action} needs `by` (who) and `reason` (why), as text; both go into the history "
+                                f"(got by={by!r}, reason={reason!r})")
+
+
 async def _history(store: WorkflowStore, run_ref: str) -> list[Entry]:
     return [Entry(e.seq, e.at, decode_event(e.body)) for e in await store.history(run_ref)]
 
@@ -78,11 +85,15 @@ async def resolve_effect(
         UnknownWorkflowError: the registry lacks the run's ``(name, version)``.
         ConfigurationError: ``APPLIED`` without a registry.
     """
+    try:
+        resolution = Resolution(resolution)  # (its value, "applied", names it too)
+    except ValueError:
+        raise ConfigurationError(f"resolution takes a Resolution ({', '.join(f'Resolution.{r.name}' for r in Resolution)}), "
+                                 f"got {resolution!r}") from None
     if resolution is Resolution.APPLIED and registry is None:
         raise ConfigurationError("resolving an effect as APPLIED needs the registry: its output is checked against "
                                  "the effect's annotated return type")
-    if not by or not reason:
-        raise InvalidStateError("resolving an effect needs `by` (who) and `reason` (why); both go into the history")
+    _who_and_why("resolving an effect", by, reason)
     info = await store.get_run(run_ref)
     finished = _rule.intervene_refusal(info.run_id, info.status, UNFINISHED)
     if finished is not None:  # before the effect: a finished run's effects are settled, whatever they were
@@ -104,8 +115,10 @@ async def resolve_effect(
         returns = await call_returns(definition, info.run_id, history, key)
         plain, _ = accept(output, returns, what=f"the resolution of effect {key}")
     event = EffectResolvedEvent(key=key, resolution=resolution, by=by, reason=reason, output=plain)
+    # decided on this history: refused if the run moved on meanwhile (another operator resolved it first)
     result = await store.intervene(info.run_id, UNFINISHED, [EventRow.of(event)], RunStatus.READY,
-                                   f"effect {key} resolved as {resolution} by {by}: {reason}")
+                                   f"effect {key} resolved as {resolution} by {by}: {reason}",
+                                   decided_at=history[-1].seq)
     log.info("effect_resolved", run_ref=run_ref, key=key, resolution=str(resolution), by=by)
     return result
 
@@ -121,8 +134,7 @@ async def cancel_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str
     Raises:
         InvalidStateError: the run completed or failed.
     """
-    if not by or not reason:
-        raise InvalidStateError("cancelling a run needs `by` (who) and `reason` (why); both go into the history")
+    _who_and_why("cancelling a run", by, reason)
     info = await store.get_run(run_ref)
     if info.status is RunStatus.CANCELLED:
         return CommitResult(info.revision, info.updated_at)
@@ -163,8 +175,7 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
             the call another attempt would not make them again; or it made
             calls while handling an error of its own that failed the run.
     """
-    if not by or not reason:
-        raise InvalidStateError("retrying a run needs `by` (who) and `reason` (why); both go into the history")
+    _who_and_why("retrying a run", by, reason)
     history = await _history(store, run_ref)
     last = history[-1].event
     if not isinstance(last, RunFailed):
@@ -183,7 +194,7 @@ async def retry_run(store: WorkflowStore, run_ref: str, *, by: str, reason: str)
                                 f"another checkpoint id)")
     event = RunRetried(key=last.key, by=by, reason=reason)
     result = await store.intervene(run_ref, {RunStatus.FAILED}, [EventRow.of(event)], RunStatus.READY,
-                                   f"retried by {by}: {reason}")
+                                   f"retried by {by}: {reason}", decided_at=history[-1].seq)
     log.info("run_retried", run_ref=run_ref, key=last.key, by=by)
     parent = history[0].event.parent_run_id if isinstance(history[0].event, RunStarted) else None
     if parent is not None:

@@ -274,12 +274,13 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.same(self.s.all(lambda kind, store: _receipt(store.deliver_signal(
             delivery(f"ref{run}", self.ref(kind, run), signal, name, payload, max_unconsumed=2)))))
 
-    @rule(run=st.integers(0, 20), resolve=st.booleans())
-    def intervene(self, run: int, resolve: bool) -> None:
+    @rule(run=st.integers(0, 20), resolve=st.booleans(), decided_at=st.none() | st.integers(0, 6))
+    def intervene(self, run: int, resolve: bool, decided_at: int | None) -> None:
         run = run % self.runs
         allowed, status = ({RunStatus.PARKED}, RunStatus.READY) if resolve else (UNFINISHED, RunStatus.CANCELLED)
         rows = [EventRow.of(RunCancelled(by="ops", reason="differential"))]
-        self.same(self.s.all(lambda kind, store: _revision(store.intervene(self.ref(kind, run), allowed, rows, status))))
+        self.same(self.s.all(lambda kind, store: _revision(store.intervene(self.ref(kind, run), allowed, rows, status,
+                                                                           decided_at=decided_at))))
 
     @rule(run=st.integers(0, 20))
     def wake(self, run: int) -> None:

@@ -15,6 +15,7 @@ from runifold import (
     Budget,
     CapabilitySet,
     Completed,
+    ConfigurationError,
     EffectFailedError,
     EffectOutcomeUnknown,
     Evidence,
@@ -213,6 +214,75 @@ async def test_an_applied_resolution_must_fit_the_effect_return_type(store: Any)
     await resolve_effect(store, registry, "e1", "unsure#1", Resolution.APPLIED, by="ops", reason="x", output="sent")
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output == "sent"
+
+
+async def test_two_operators_resolving_one_effect_at_once_one_is_refused(store: Any) -> None:
+    """helper-97: on PostgreSQL, two `runifold resolve` at once were both accepted (FAIL, then RETRY): the first
+    operator was told the run would fail, and the run went on with the second's RETRY and charged. A resolution is
+    decided on the history it read, and refused if the run moved on before it was written."""
+    definition = single(unsure, "unsure")
+    registry = WorkflowRegistry(definition)
+    await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="r1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    # each reads the history, then writes: the two reads come before either write
+    read = asyncio.Event()
+    history = store.history
+    readers = 0
+
+    async def both_read_first(ref: str) -> Any:
+        nonlocal readers
+        rows = await history(ref)
+        readers += 1
+        if readers == 2:
+            read.set()
+        await read.wait()
+        return rows
+
+    store.history = both_read_first
+    try:
+        outcomes = await asyncio.gather(
+            resolve_effect(store, registry, "r1", "unsure#1", Resolution.FAIL, by="opA", reason="declined"),
+            resolve_effect(store, registry, "r1", "unsure#1", Resolution.RETRY, by="opB", reason="try again"),
+            return_exceptions=True)
+    finally:
+        del store.history
+    accepted = [o for o in outcomes if not isinstance(o, BaseException)]
+    refused = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(accepted) == 1 and len(refused) == 1, outcomes
+    assert isinstance(refused[0], InvalidStateError) and "changed while this action was decided" in str(refused[0])
+    assert "runifold runs show" in str(refused[0])
+    assert (await event_types(store, "r1")).count("effect_resolved") == 1
+    done = await worker(store, definition).run_once()
+    assert isinstance(done, Completed)
+    assert done.output == ("failed: resolved as failed by an operator: declined [no exception]"
+                           if outcomes[0] is accepted[0] else "sent")
+
+
+@pytest.mark.parametrize(("resolution", "by", "reason", "refusal"), [
+    ("bogus", "ops", "x", "resolution takes a Resolution (Resolution.APPLIED, Resolution.RETRY, Resolution.FAIL), "
+                          "got 'bogus'"),
+    (None, "ops", "x", "resolution takes a Resolution"),
+    (Resolution.RETRY, 123, "x", "needs `by` (who) and `reason` (why), as text; both go into the history (got "
+                                 "by=123, reason='x')"),
+    (Resolution.RETRY, "ops", b"x", "needs `by` (who) and `reason` (why), as text"),
+])
+async def test_an_operator_action_with_values_of_the_wrong_type_is_refused_and_writes_nothing(
+        store: Any, resolution: Any, by: Any, reason: Any, refusal: str) -> None:
+    """helper-97: resolve_effect("bogus") and by=123 (resolve or cancel) were written into the history, which no
+    command could read again: runs show, replay, worker claims and `replay --all` failed on the row for good."""
+    definition = single(unsure, "unsure")
+    await store.enqueue(WorkflowTask("unsure", 1, {}, checkpoint_id="v1"))
+    assert isinstance(await worker(store, definition).run_once(), Suspended)
+    before = await store.history("v1")
+    with pytest.raises((ConfigurationError, InvalidStateError)) as caught:
+        await resolve_effect(store, WorkflowRegistry(definition), "v1", "unsure#1", resolution, by=by, reason=reason)
+    assert refusal in str(caught.value)
+    with pytest.raises(InvalidStateError, match="cancelling a run needs `by` .* as text"):
+        await cancel_run(store, "v1", by=by if not isinstance(by, str) else "ops", reason=7)
+    assert await store.history("v1") == before and (await store.get_run("v1")).status is RunStatus.PARKED
+    # its value, as text, names a resolution too
+    await resolve_effect(store, None, "v1", "unsure#1", "retry", by="ops", reason="checked")
+    assert (await entries(store, "v1"))[-1].event.resolution is Resolution.RETRY
 
 
 async def test_cancel_fences_and_finishes(store: Any, tmp_path: Path) -> None:

@@ -106,7 +106,7 @@ WITH r AS (
 ) SELECT pg_notify('runifold_work', '') FROM r
 
 -- name: intervene
-SELECT run_id, status, new_revision, at FROM runifold_intervene($1, $2, $3, $4, $5, $6, $7, $8)
+SELECT run_id, status, revision, new_revision, at FROM runifold_intervene($1, $2, $3, $4, $5, $6, $7, $8, $9)
 
 -- name: wake
 SELECT run_id, status, woken FROM runifold_wake($1, $2)
