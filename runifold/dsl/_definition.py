@@ -48,7 +48,10 @@ class RetryPolicy:
 
     Attempt ``n`` (``n >= 2``) waits ``initial * factor ** (n - 2)``, capped at
     ``maximum`` and spread by ``±jitter`` (a fraction). The run is rescheduled
-    for that time; no worker sleeps.
+    for that time; no worker sleeps. An exception that is an instance of one of
+    ``non_retryable`` (classes, e.g. ``(CardDeclined, TypeError)``) fails the
+    call at once, whatever attempts are left (an effect's unknown outcome is
+    not a failure: its resume policy decides).
     """
 
     max_attempts: int = 3
@@ -56,8 +59,15 @@ class RetryPolicy:
     factor: float = 2.0
     maximum: timedelta = timedelta(minutes=5)
     jitter: float = 0.2
+    non_retryable: tuple[type[BaseException], ...] = ()
 
     def __post_init__(self) -> None:
+        given = self.non_retryable
+        classes = (given,) if isinstance(given, type) else tuple(given) if isinstance(given, (tuple, list)) else None
+        if classes is None or not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
+            raise ConfigurationError(f"RetryPolicy.non_retryable takes exception classes, e.g. (CardDeclined, "
+                                     f"TypeError), got {given!r}")
+        object.__setattr__(self, "non_retryable", classes)
         if not isinstance(self.max_attempts, int) or isinstance(self.max_attempts, bool):
             raise ConfigurationError(f"RetryPolicy.max_attempts takes an int, got {self.max_attempts!r}")
         for name in ("initial", "maximum"):

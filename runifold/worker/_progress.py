@@ -643,7 +643,7 @@ class LiveProgress:
 
     def _retry_at(self, retry: RetryPolicy, attempt: int, exc: BaseException | None = None) -> float | None:
         """When the next attempt may run by the call's policy, or None when the failure (``exc``) is final."""
-        if attempt >= retry.max_attempts or isinstance(exc, _MISUSE):
+        if attempt >= retry.max_attempts or isinstance(exc, _MISUSE) or isinstance(exc, retry.non_retryable):
             return None
         return self.store_time() + retry.backoff(attempt + 1)
 

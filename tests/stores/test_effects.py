@@ -43,7 +43,7 @@ from runifold import (
 )
 from runifold.history import EffectStarted, fold
 from runifold.stores import Continue, EventRow
-from tests.support import entries, event_types, worker
+from tests.support import entries, event_types, until_completed, worker
 
 calls: Counter[str] = Counter()
 seen_keys: list[str] = []
@@ -661,3 +661,57 @@ async def test_an_ambiguous_effect_is_recorded_at_once_while_a_sibling_step_runs
     assert isinstance(await running, LeaseLost)
     done = await worker(store, definition).run_once()
     assert isinstance(done, Completed) and done.output == [7, 2] and calls["answers-nothing"] == 1
+
+
+# -- failures a retry cannot mend --------------------------------------------------------------------------------
+
+
+class CardDeclined(Exception):
+    """The provider answered: no. Another attempt would be answered the same."""
+
+
+@step(retry=RetryPolicy(max_attempts=5, initial=timedelta(0), non_retryable=(CardDeclined, TypeError)))
+async def check_card(outcome: str) -> str:
+    calls[f"check_card {outcome}"] += 1
+    if calls[f"check_card {outcome}"] < 3:
+        raise {"declined": CardDeclined("card declined"), "bug": TypeError("bad"), "flaky": ConnectionError("reset")}[outcome]
+    return "accepted"
+
+
+@effect(resume=ResumePolicy.MANUAL, retry=RetryPolicy(max_attempts=5, initial=timedelta(0), non_retryable=CardDeclined))
+async def charge_declined(key: str) -> str:
+    calls["charge_declined"] += 1
+    raise CardDeclined(f"card declined for {key}")
+
+
+@workflow("checks-cards")
+async def checks_cards(ctx: WorkflowContext) -> list[str]:
+    said = []
+    for outcome in ("declined", "bug", "flaky"):
+        try:
+            said.append(await check_card(outcome))
+        except StepFailedError as exc:
+            said.append(f"{exc.error_type} after {exc.attempts}")
+    try:
+        said.append(await charge_declined())
+    except EffectFailedError as exc:
+        said.append(f"{exc.error_type}: {exc.reason}")
+    return said
+
+
+async def test_a_non_retryable_failure_fails_the_call_at_its_first_attempt(store: Any) -> None:
+    """helper-97: nothing told a card decline (or a bug) from a flaky network: each was tried max_attempts times
+    against the provider. RetryPolicy(non_retryable=...) names the exceptions another attempt cannot mend."""
+    await store.enqueue(WorkflowTask("checks-cards", 1, {}, checkpoint_id="nr1"))
+    done = await until_completed(store, WorkflowDefinition(checks_cards))
+    here = "tests.stores.test_effects"
+    assert done.output[:3] == [f"{here}.CardDeclined after 1", "TypeError after 1", "accepted"], done.output
+    assert done.output[3].startswith(f"{here}.CardDeclined: ") and "card declined" in done.output[3]
+    assert dict(calls) == {"check_card declined": 1, "check_card bug": 1, "check_card flaky": 3,
+                           "charge_declined": 1}
+
+
+@pytest.mark.parametrize("given", ["CardDeclined", (CardDeclined, 3), [int]])
+def test_non_retryable_takes_exception_classes(given: Any) -> None:
+    with pytest.raises(ConfigurationError, match="RetryPolicy.non_retryable takes exception classes"):
+        RetryPolicy(non_retryable=given)
