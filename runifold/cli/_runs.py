@@ -204,6 +204,13 @@ def budget_json(budget: Budget | None) -> dict[str, Any] | None:
             "max_elapsed": None if budget.max_elapsed is None else budget.max_elapsed.total_seconds()}
 
 
+def effects_now(info: RunInfo, pending: dict[str, str], now: float) -> dict[str, str]:
+    """Each pending effect's state as an operator reads it now: one started under a lease a worker still renews
+    is ``running`` (its worker has not answered yet), not ``in doubt``, which it is once no live worker holds it."""
+    live = info.status is RunStatus.RUNNING and info.lease_until is not None and info.lease_until >= now
+    return {key: "running" if live and state == "in doubt" else state for key, state in pending.items()}
+
+
 def show_json(info: RunInfo, entries: list[Entry], checkpoint: Checkpoint,
               children: dict[str, RunInfo]) -> dict[str, Any]:
     """A run as ``runs show --json`` prints it (the web view's JSON too): run, checkpoint, children, failure."""
@@ -281,7 +288,7 @@ async def runs_show(args: argparse.Namespace) -> int:
            else "no wait of the workflow's has taken it yet")
     out += [f"signal      {printable(a.name)} from {printable(a.sender)} at {when(a.at)}: received, not consumed "
             f"({why})" for a in unconsumed]
-    for key, state in checkpoint.pending_effects.items():
+    for key, state in effects_now(info, checkpoint.pending_effects, now).items():
         idempotency_key, attempts = effect_attempts([e.event for e in entries if e.event.key == key])
         out.append(f"effect      {printable(key)} is {state} (attempt {attempts}, idempotency key "
                    f"{printable(idempotency_key or '-')})")

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from runifold.cli._runs import _report_json, budget_json, budget_of, finished_at, show_json
+from runifold.cli._runs import _report_json, budget_json, budget_of, effects_now, finished_at, show_json
 from runifold.errors import RunifoldError, RunNotFoundError
 from runifold.history import Entry, decode_event, fold
 from runifold.stores import AuditRecord, RunInfo, RunStatus, StoredEvent, WorkflowStore
@@ -118,8 +118,10 @@ async def run_page(store: WorkflowStore, registry: WorkflowRegistry | None, ref:
     checkpoint = fold(entries)
     children = await child_runs(store, checkpoint)
     page = show_json(info, entries, checkpoint, children)
-    page.update(budget=budget_json(budget_of(registry, info)), effects=effect_evidence(entries, checkpoint.pending_effects),
-                parent=checkpoint.parent_run_id, timeline=timeline(entries), now=await store.now())
+    now = await store.now()
+    page.update(budget=budget_json(budget_of(registry, info)),
+                effects=effect_evidence(entries, effects_now(info, checkpoint.pending_effects, now)),
+                parent=checkpoint.parent_run_id, timeline=timeline(entries), now=now)
     if with_replay:
         page["replay"] = await replay_json(registry, info, entries)
     return page

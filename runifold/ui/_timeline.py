@@ -71,7 +71,7 @@ def describe(event: AnyEvent) -> tuple[str, str, str]:
                 found += f", result {value(output)}"
             return found + _retry(retry_at, final=""), "", ""
         case EffectAmbiguous(reason=reason):
-            return "ambiguous: parked until an operator resolves it", "", reason
+            return "ambiguous: parked for an operator to resolve", "", reason
         case EffectResolved(resolution=resolution, by=by, reason=reason, output=output):
             return f"resolved as {resolution}" + (f" with {value(output)}" if output is not None else ""), by, reason
         case ValueRecorded(value=recorded):
@@ -134,7 +134,8 @@ def timeline(entries: Sequence[Entry]) -> list[dict[str, Any]]:
 
 
 def effect_evidence(entries: Sequence[Entry], pending: Mapping[str, str]) -> list[dict[str, Any]]:
-    """Each pending effect (``in doubt`` or ``ambiguous``) with its idempotency key and every event of its key."""
+    """Each pending effect (``running``, ``in doubt`` or ``ambiguous``) with its idempotency key and every event of
+    its key."""
     effects = []
     for key, state in pending.items():
         events = [e for e in entries if e.event.key == key]
