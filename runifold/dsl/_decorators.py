@@ -213,6 +213,9 @@ def effect(
             "an effect with ResumePolicy.RECONCILE needs reconcile=<async function returning Evidence>; "
             "or choose ResumePolicy.REPEAT (idempotent by key) or ResumePolicy.MANUAL"
         )
+    if reconcile is not None and resume is not ResumePolicy.RECONCILE:
+        raise ConfigurationError(f"reconcile= is asked only by ResumePolicy.RECONCILE; with {resume} it would never "
+                                 "be called: choose ResumePolicy.RECONCILE, or leave reconcile= out")
     if reconcile is not None:
         _check_async(reconcile, "effect reconcile")
     _check_options("effect", retry, timeout)

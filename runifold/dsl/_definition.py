@@ -116,6 +116,12 @@ class Evidence:
     result: Any = None
     detail: str = ""
 
+    def __post_init__(self) -> None:
+        if self.verdict not in ("applied", "not_applied", "unknown"):
+            raise ConfigurationError(f"Evidence takes the verdict 'applied', 'not_applied' or 'unknown' (make it with "
+                                     f"Evidence.applied(result), Evidence.not_applied() or Evidence.unknown(why)), "
+                                     f"got {self.verdict!r}")
+
     @classmethod
     def applied(cls, result: Any, detail: str = "") -> Evidence:
         """The effect took place; ``result`` is what its body would have returned."""

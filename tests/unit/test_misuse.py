@@ -315,3 +315,23 @@ async def test_the_testing_kit_refuses_what_it_cannot_take_saying_what_it_takes(
     clock = FakeClock(0)
     clock.advance(2.5)
     assert clock() == 2.5
+
+
+def test_evidence_and_a_reconcile_the_effect_would_never_ask_are_refused_where_they_are_written() -> None:
+    """helper-97: Evidence("APPLIED", ...) was taken, and read as no evidence (the effect parked saying "reconcile
+    found no evidence either way", no word of the verdict); a reconcile= beside REPEAT or MANUAL was never called."""
+    from runifold import Evidence
+
+    with pytest.raises(ConfigurationError, match=r"Evidence takes the verdict 'applied', 'not_applied' or 'unknown' "
+                                                 r"\(make it with Evidence.applied\(result\).*got 'APPLIED'"):
+        Evidence("APPLIED", {"charge_id": "ch_1"})
+    assert Evidence.applied({"charge_id": "ch_1"}).verdict == "applied"
+
+    async def found(key: str) -> Evidence:
+        return Evidence.unknown("no idea")
+
+    for resume in (ResumePolicy.REPEAT, ResumePolicy.MANUAL):
+        with pytest.raises(ConfigurationError, match=f"reconcile= is asked only by ResumePolicy.RECONCILE; with "
+                                                     f"{resume} it would never be called"):
+            effect(resume=resume, reconcile=found)(effect_body)
+    effect(resume=ResumePolicy.RECONCILE, reconcile=found)(effect_body)
