@@ -345,7 +345,8 @@ class Replaying:
         if root.cancelled() or root.exception() is not None:
             what = WORKFLOW_CANCELLED if root.cancelled() else describe(root.exception())  # type: ignore[arg-type]
             if self._recorded_result or (failed is not None and not self._ended_alike(failed, root)):
-                report.divergence = NondeterminismError("(result)", self._recorded_end(), f"a workflow that raised {what}")
+                report.divergence = NondeterminismError("(result)", self._recorded_end(), f"a workflow that raised {what}",
+                                                        _moved(failed, root))
             else:
                 report.finished, report.error = failed is not None, what
             return
@@ -358,7 +359,6 @@ class Replaying:
 
     @staticmethod
     def _ended_alike(failed: RunFailed, root: asyncio.Task[Any]) -> bool:
-        """The replayed workflow ended (raised, or its task was cancelled) as the live one did."""
         if failed.reason.startswith(WORKFLOW_RAISED):
             return not root.cancelled() and failed.error_type == type_name(root.exception())  # type: ignore[arg-type]
         return failed.reason == WORKFLOW_CANCELLED and root.cancelled()
@@ -476,3 +476,17 @@ def clipped(value: Any, limit: int = 80) -> str:
 def _type_text(type_: Any) -> str:
     """An annotation as code writes it: ``int``, ``list[str]``, ``Order``."""
     return type_.__name__ if isinstance(type_, type) else repr(type_).replace("typing.", "")
+
+
+def _moved(failed: RunFailed | None, root: asyncio.Task[Any]) -> str:
+    """Where the replay raised an exception of another class than the live run with the same text (the class
+    moved to another module, say), what the divergence adds: both classes by their qualified names, which it
+    compares (helper-95: both sides read alike)."""
+    if failed is None or root.cancelled() or not failed.reason.startswith(WORKFLOW_RAISED):
+        return ""
+    raised = type_name(root.exception())  # type: ignore[arg-type]
+    if raised == failed.error_type or raised.rpartition(".")[2] != failed.error_type.rpartition(".")[2]:
+        return ""
+    return (f"the live run raised {failed.error_type}, the replay {raised}: an exception's class is compared by its "
+            f"module and name, so a class moved to another module is another class; define it where it was, or "
+            f"register the change as a new version")

@@ -5,6 +5,7 @@ has no end yet is reported as unfinished, with what its code does after the last
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any
 
 from runifold import (
@@ -48,6 +49,8 @@ async def ends(ctx: WorkflowContext, order: str) -> str:
             raise RuntimeError("new code raises after the last step")
         case "other error":
             raise ValueError("a different error")
+        case "moved":
+            raise MovedKeyError("missing")
         case "goes on":
             return await audit(got)
         case "returns":
@@ -56,6 +59,9 @@ async def ends(ctx: WorkflowContext, order: str) -> str:
         raise KeyError("missing")
     return got
 
+
+#: KeyError's name and text, defined in another module (a refactor moved the class)
+MovedKeyError = type("KeyError", (LookupError,), {"__module__": "billing.errors", "__str__": lambda self: repr(self.args[0])})
 
 REGISTRY = WorkflowRegistry(WorkflowDefinition(ends))
 
@@ -102,6 +108,16 @@ async def test_a_failed_run_replays_clean_only_against_code_that_fails_the_same_
         report = await replay_run(store, REGISTRY, "f1")
         assert not report.clean and not report.finished, (to, verdict(report))
         assert verdict(report).endswith(recorded + called), (to, verdict(report))
+    # the same name and text from a class in another module: the divergence names both classes (helper-95: it read
+    # "raised KeyError: 'missing'" on both sides, and pointed at non-deterministic code)
+    change["to"] = "moved"
+    report = await replay_run(store, REGISTRY, "f1")
+    assert not report.clean
+    assert verdict(report).endswith(
+        recorded + "a workflow that raised KeyError: 'missing' (the live run raised KeyError, the replay "
+        "billing.errors.KeyError: an exception's class is compared by its module and name, so a class moved to "
+        "another module is another class; define it where it was, or register the change as a new version)"), (
+        verdict(report))
 
 
 @workflow("ends2")
@@ -169,8 +185,9 @@ async def test_a_run_whose_history_has_no_end_is_not_reported_finished(store: An
     report = await replay_run(store, registry, "p1")
     assert report.divergence is not None and report.divergence.key == "pay#1"
     # with where it was raised (helper-89: nothing said where, in replay, runs show or the worker's log)
+    line = inspect.getsourcelines(pays)[1] + 3  # (the raise)
     assert report.divergence.called == ("no call to it: the workflow raised KeyError: 'zone' (at "
-                                        "test_debugger_ends.py:149 in pays)"), verdict(report)
+                                        f"test_debugger_ends.py:{line} in pays)"), verdict(report)
     change["to"] = ""
 
 
