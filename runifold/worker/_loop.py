@@ -135,8 +135,10 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
                         # raised by workflow code (sys.exit in a library, say): asyncio lets these out of a task,
                         # which would end the worker. The task that raised it holds it as its exception, so it
                         # fails the run like any other once it reaches the workflow function; one raised by a
-                        # plain callback is reported like any exception of a callback
-                        self.call_exception_handler({"message": "workflow code raised", "exception": exc})
+                        # plain callback is reported like any exception of a callback (a task's is not: the run's
+                        # end says it, and a task nobody awaits is reported when it is dropped, as asyncio does)
+                        if not isinstance(getattr(handle._callback, "__self__", None), asyncio.Task):
+                            self.call_exception_handler({"message": "workflow code raised", "exception": exc})
                 limit -= 1
         finally:
             self._stepping = False

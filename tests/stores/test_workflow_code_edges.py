@@ -157,16 +157,18 @@ async def exits(ctx: WorkflowContext, which: str) -> str:
 
 @pytest.mark.parametrize("which, name", [("exit", "SystemExit"), ("interrupt", "KeyboardInterrupt")])
 async def test_system_exit_raised_by_workflow_code_fails_the_run_not_the_worker(
-        store: Any, which: str, name: str) -> None:
+        store: Any, which: str, name: str, caplog: pytest.LogCaptureFixture) -> None:
     """asyncio lets SystemExit and KeyboardInterrupt out of a task: raised by workflow code they ended the worker
     (and every worker that claimed the run after it), and the debugger's caller. Now they fail the run like any
-    exception of workflow code, and the debugger reports that failure."""
+    exception of workflow code, and the debugger reports that failure, with no warning of its own (helper-95: each
+    execution and each replay logged workflow_task_error besides)."""
     definition = WorkflowDefinition(exits)
     await store.enqueue(WorkflowTask("exits", 1, {"which": which}, checkpoint_id=f"x-{which}"))
     done = await worker(store, definition).run_once()
     assert isinstance(done, Failed) and f"workflow raised {name}" in done.reason, done
     report = await replay_run(store, WorkflowRegistry(definition), f"x-{which}")
     assert report.divergence is None and report.finished and name in (report.error or ""), report
+    assert not [r for r in caplog.records if "workflow_task_error" in r.getMessage()], caplog.text
 
 
 # -- a plain def step's thread keeps the run until it returns -------------------------------------------
