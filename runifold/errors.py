@@ -307,14 +307,22 @@ class WaitTimeoutError(WorkflowError):
         super().__init__(f"no {name!r} signal arrived before the timeout of wait {key}")
 
 
+#: the longest error text recorded: a longer one keeps its start and says how long it was (helper-95: a 3 MB
+#: message was written whole into each failed attempt and the run's reason)
+MAX_ERROR_TEXT = 8_000
+
+
 def describe(exc: BaseException) -> str:
     """Return ``Type: message`` for recording an exception in the history (always recordable text: see
-    :func:`recordable`)."""
+    :func:`recordable`), at most :data:`MAX_ERROR_TEXT` characters and a note."""
     try:
         message = str(exc)
     except Exception as err:  # an exception whose __str__ raises is still a failure to record
         message = f"<its message could not be read: {type(err).__name__}>"
-    return recordable(f"{type(exc).__name__}: {message}")
+    text = f"{type(exc).__name__}: {message}"
+    if len(text) > MAX_ERROR_TEXT:
+        text = f"{text[:MAX_ERROR_TEXT]}... [{len(text):,} characters; the rest is not recorded]"
+    return recordable(text)
 
 
 def recordable(text: str) -> str:

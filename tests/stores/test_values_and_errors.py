@@ -581,3 +581,28 @@ async def test_a_subclass_of_str_or_int_is_recorded_as_that_type(store: Any) -> 
     done = await until_completed(store, definition)
     assert done.output == ["str", "A-1", "int", "{'total': 250, 'label': 'B-2'}"]
     assert not await replay_problems(store, WorkflowRegistry(definition), "sub1", done.output)
+
+
+# -- an error's text is bounded -----------------------------------------------------------------------------------
+
+
+@step(retry=RetryPolicy(max_attempts=2, initial=timedelta(0)))
+async def says_a_lot() -> str:
+    raise ValueError("x" * 3_000_000)
+
+
+@workflow("says-a-lot")
+async def says_a_lot_wf(ctx: WorkflowContext) -> str:
+    try:
+        return await says_a_lot()
+    except StepFailedError as exc:
+        return exc.error
+
+
+async def test_a_long_error_text_is_recorded_up_to_its_bound_and_said_so(store: Any) -> None:
+    """helper-95: a 3 MB exception message was written whole into each failed attempt and into the run's reason.
+    The text keeps its first 8,000 characters and says how long it was; the workflow gets the text recorded."""
+    await store.enqueue(WorkflowTask("says-a-lot", 1, {}, checkpoint_id="long1"))
+    done = await until_completed(store, WorkflowDefinition(says_a_lot_wf))
+    assert done.output == "ValueError: " + "x" * 7_988 + "... [3,000,012 characters; the rest is not recorded]"
+    assert max(len(e.body) for e in await store.history("long1")) < 16_000  # (the text and a bounded traceback)
