@@ -137,7 +137,7 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
                         # fails the run like any other once it reaches the workflow function; one raised by a
                         # plain callback is reported like any exception of a callback (a task's is not: the run's
                         # end says it, and a task nobody awaits is reported when it is dropped, as asyncio does)
-                        if not isinstance(getattr(handle._callback, "__self__", None), asyncio.Task):
+                        if not isinstance(getattr(getattr(handle, "_callback", None), "__self__", None), asyncio.Task):
                             self.call_exception_handler({"message": "workflow code raised", "exception": exc})
                 limit -= 1
         finally:
