@@ -239,7 +239,7 @@ async def runs_show(args: argparse.Namespace) -> int:
             shown["budget"] = budget_json(budget)
         emit_json(shown)
         return 0
-    out = [f"run         {info.run_id}  (checkpoint {info.checkpoint_id or '-'})",
+    out = [f"run         {info.run_id}  (checkpoint {printable(info.checkpoint_id or '-')})",
            f"workflow    {info.name} v{info.version}",
            f"status      {info.status}   phase {checkpoint.phase}   revision {info.revision}",
            f"created     {when(info.created_at)}   updated {when(info.updated_at)}"

@@ -293,3 +293,10 @@ def test_sigterm_stops_a_worker_whose_stderr_reader_went_away(cli: Cli) -> None:
         assert worker.wait(timeout=15) == 0
     finally:
         worker.kill()
+
+
+def test_runs_show_escapes_a_control_character_in_a_checkpoint_id(cli: Cli) -> None:
+    """helper-90: a tab in a checkpoint id was printed raw by runs show (runs list escaped it)."""
+    assert cli("enqueue", "notifying", "1", "--input", '{"n": 1}', "--checkpoint-id", "order\t7").returncode == 0
+    first = cli("runs", "show", "order\t7").stdout.splitlines()[0]
+    assert first.endswith("(checkpoint order\\t7)") and "\t" not in first, first
