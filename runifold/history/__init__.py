@@ -18,6 +18,7 @@ from runifold.history._calls import (
     WaitTimedOut,
     effect_attempts,
     effect_state,
+    holds_deadline,
     not_applied,
     step_state,
     timer_state,
@@ -90,7 +91,7 @@ __all__ = [
     "StepCompleted", "StepFailed", "StepState", "TimerDone", "TimerFired", "TimerPending",
     "TimerStarted", "Usage", "UsageCharged", "ValueRecorded", "Verdict", "Wait", "WaitPending",
     "WaitReceived", "WaitState", "WaitTimedOut", "canonical", "canonical_json", "convert", "decode_event",
-    "effect_attempts", "effect_state", "not_applied", "encode_event", "encode_value", "fold", "in_one_order", "is_version",
+    "effect_attempts", "effect_state", "holds_deadline", "not_applied", "encode_event", "encode_value", "fold", "in_one_order", "is_version",
     "kind_of", "record",
     "step_state", "timer_state", "to_plain", "type_tag", "wait_state",
 ]

@@ -237,3 +237,11 @@ def wait_state(events: Sequence[AnyEvent]) -> WaitState:
             case _:
                 pass
     return state
+
+
+def holds_deadline(events: Sequence[AnyEvent]) -> bool:
+    """``events`` start a timer or a signal wait with a deadline: a live run commits them before it waits for a
+    body, so a worker that stops while the body runs leaves the deadline recorded, where the next worker finds it
+    (else that worker would start the wait again, due its whole timeout after its own claim: helper-96)."""
+    return any(isinstance(e, TimerStarted) and e.due is not None or isinstance(e, SignalWaitStarted)
+               and e.deadline is not None for e in events)

@@ -79,21 +79,12 @@ from runifold.history import (
     ValueRecorded,
     fire_time,
     fold,
+    holds_deadline,
     record,
 )
 from runifold.history._replayer import scope_of
-from runifold.stores import (
-    Continue,
-    EventRow,
-    Finish,
-    InboxSignal,
-    Reschedule,
-    RunStatus,
-    Suspend,
-    Transition,
-    WorkflowStore,
-    WorkflowTask,
-)
+from runifold.stores import (Continue, EventRow, Finish, InboxSignal, Reschedule, RunStatus, Suspend, Transition,
+                             WorkflowStore, WorkflowTask)
 from runifold.worker._call import Call, Live, ReplayReport, Usage, failed_call, why
 from runifold.worker._lease import LeaseKeeping
 from runifold.worker._loop import WorkflowLoop
@@ -556,8 +547,10 @@ class Execution(LeaseKeeping, LiveProgress, Replaying):
             if self._resolutions or self._outbox or (loop.has_ready and not root.done()):
                 continue  # (once the workflow returned, tasks it left running do not hold the run: see below)
             if self._bodies:
-                # (once the run fails, no timer fires: its bodies are waited for, not the next due time)
-                await self._wait(None if self._failure is not None else self._next_due())
+                if holds_deadline(self._buffer):  # committed before bodies are waited for (see holds_deadline)
+                    await self._commit()
+                else:  # (once the run fails, no timer fires: its bodies are waited for, not the next due time)
+                    await self._wait(None if self._failure is not None else self._next_due())
                 continue
             if self._failure is not None:
                 return await self._finish_failed(self._failure)

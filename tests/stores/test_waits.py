@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from datetime import timedelta
@@ -36,7 +37,7 @@ from runifold import (
     step,
     workflow,
 )
-from runifold.history import SignalReceived, TimerFired, TimerStarted
+from runifold.history import SignalReceived, SignalWaitStarted, TimerFired, TimerStarted
 from runifold.testing import FakeClock
 from tests.corpus.check import replay_problems
 from tests.support import entries, send_signal, worker
@@ -405,6 +406,56 @@ async def test_a_wait_deadline_passing_while_a_body_runs_is_judged_by_when_the_s
     done = await asyncio.wait_for(running, 5)
     assert isinstance(done, Completed) and done.output == ["yes" if at < 0.4 else "timed out", "ran"]
     assert not await replay_problems(store, WorkflowRegistry(definition), "d1", done.output)
+
+
+held = {"first": True}
+
+
+@step()
+async def held_the_first_time() -> str:
+    if held["first"]:
+        held["first"] = False
+        await asyncio.sleep(30)  # the worker stops meanwhile
+    return "ran"
+
+
+@workflow("deadline-beside-a-held-body")
+async def deadline_beside_a_held_body(ctx: WorkflowContext) -> list[str]:
+    async def waits() -> str:
+        try:
+            return await ctx.wait_signal("go", timeout=timedelta(milliseconds=400))
+        except WaitTimeoutError:
+            return "timed out"
+
+    return list(await asyncio.gather(waits(), held_the_first_time()))
+
+
+async def test_a_wait_deadline_is_recorded_before_a_body_beside_it_is_waited_for(store: Any) -> None:
+    """helper-96: signal_wait_started went with the sibling step's completion, so a worker stopped (SIGKILL, or
+    SIGTERM in a deploy) while the step ran left no deadline: the next worker started the wait again, due its whole
+    timeout after its own claim, and took an approval the store received after the deadline. The wait's start is
+    committed before the worker waits for the body, and the next worker keeps its deadline."""
+    held["first"] = True
+    definition = WorkflowDefinition(deadline_beside_a_held_body, signals={"go": {"*"}})
+    await store.enqueue(WorkflowTask("deadline-beside-a-held-body", 1, {}, checkpoint_id="h1"))
+    started = time.time()
+    first = asyncio.ensure_future(worker(store, definition, worker_id="w1", lease=0.5).run_once())
+    await asyncio.sleep(0.2)
+    waits = [e.event for e in await entries(store, "h1") if isinstance(e.event, SignalWaitStarted)]
+    assert len(waits) == 1 and waits[0].deadline is not None, waits
+    assert waits[0].deadline - started < 0.4 + 0.3
+    first.cancel()  # the worker stops while the step runs
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await first
+    await asyncio.sleep(0.7 - (time.time() - started))
+    await send_signal(store, "h1", "go", "g1", "yes")  # received after the deadline
+    for _ in range(50):
+        done = await worker(store, definition, worker_id="w2").run_once()
+        if isinstance(done, Completed):
+            break
+        await asyncio.sleep(0.1)
+    assert isinstance(done, Completed) and done.output == ["timed out", "ran"], done
+    assert not await replay_problems(store, WorkflowRegistry(definition), "h1", done.output)
 
 
 # -- the elapsed budget running out during a retry's backoff --------------------------------------------
