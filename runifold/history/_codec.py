@@ -101,14 +101,19 @@ def encode_value(value: Any, *, what: str | Callable[[], str]) -> bytes:
     why = None if isinstance(problem, RecursionError) else _unrecordable(value)
     if why is not None:
         raise SerializationError(f"{name} cannot be recorded: {why}") from cause
-    raise _unencodable(problem, name) from cause
+    raise _unencodable(problem, name, value) from cause
 
 
-def _unencodable(exc: BaseException | None, what: str) -> SerializationError:
-    """The error for a value the encoder refused with ``exc`` (None: it held NaN or an infinity)."""
+def _is_non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
+
+
+def _unencodable(exc: BaseException | None, what: str, value: Any = None) -> SerializationError:
+    """The error for a value the encoder refused with ``exc`` (None: ``value`` held NaN or an infinity)."""
     if exc is None:
+        found = _first(value, _is_non_finite)
         return SerializationError(
-            f"{what} cannot be recorded: it holds NaN or an infinity, which JSON cannot represent; "
+            f"{what} cannot be recorded: it {_holds(found, 'NaN or an infinity')}, which JSON cannot represent; "
             "use None or a string for a missing or unbounded number")
     if isinstance(exc, RecursionError):
         return SerializationError(
@@ -153,48 +158,58 @@ def _unrecordable(value: Any) -> str | None:
     saw cannot pass (a float NaN is refused before: JSON has no such number); a pydantic secret is written
     masked, so it would come back without the secret.
     """
-    part = _first(value, _is_nan)
-    if part is not None:
-        return (f"it {'is' if part is value else 'holds'} {part!r}: a NaN is never equal to itself, so runifold "
-                "could not check that a replay sees what the live call saw; use None or a string for a missing number")
-    if _first(value, _is_huge) is not None:
-        return (f"it {'is' if _is_huge(value) else 'holds'} an int of more than {MAX_INT_DIGITS:,} characters (digits and sign), which "
+    found = _first(value, _is_nan)
+    if found is not None:
+        return (f"it {_holds(found, repr(found[0]))}: a NaN is never equal to itself, so runifold could not check that a "
+                "replay sees what the live call saw; use None or a string for a missing number")
+    found = _first(value, _is_huge)
+    if found is not None:
+        return (f"it {_holds(found, f'an int of more than {MAX_INT_DIGITS:,} characters (digits and sign)')}, which "
                 "runifold cannot read back from the log, whatever sys.set_int_max_str_digits() allows; record it as "
                 "a str (str(n)) and convert it where it is used")
-    part = _first(value, _is_secret)
-    if part is not None:
-        return (f"it {'is' if part is value else 'holds'} a pydantic {type(part).__name__}, which pydantic writes "
-                f"masked ('**********'), so the secret would not come back; {_SECRETS}")
+    found = _first(value, _is_secret)
+    if found is not None:
+        return (f"it {_holds(found, f'a pydantic {type(found[0]).__name__}')}, which pydantic writes masked "
+                f"('**********'), so the secret would not come back; {_SECRETS}")
     return None
 
 
-def _first(value: Any, test: Callable[[Any], bool]) -> Any:
-    """The first part of ``value`` that passes ``test``, or None: itself, or within what the encoder writes of it
-    (the keys and items of builtin containers, the fields of Structs, dataclasses and pydantic models)."""
+def _holds(found: tuple[Any, str] | None, what: str) -> str:
+    """"is <what>" for the value itself, "holds <what> at <path>" for a part of it (found by :func:`_first`)."""
+    return f"holds {what} at {found[1]}" if found and found[1] else f"is {what}" if found else f"holds {what}"
+
+
+def _first(value: Any, test: Callable[[Any], bool]) -> tuple[Any, str] | None:
+    """The first part of ``value`` that passes ``test`` with its path (``""`` for ``value`` itself, else such as
+    ``['items'][2].price``), or None: itself, or within what the encoder writes of it (the keys and items of builtin
+    containers, the fields of Structs, dataclasses and pydantic models)."""
     seen: set[int] = set()
 
-    def walk(v: Any) -> Any:
+    def walk(v: Any, path: str) -> tuple[Any, str] | None:
         if test(v):
-            return v
+            return v, path
         if id(v) in seen:
             return None
         seen.add(id(v))
+        parts: Any
         if isinstance(v, dict):
-            parts: Any = [*v.keys(), *v.values()]
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            parts = v
+            parts = [(k, f"{path} (a key)") for k in v] + [(item, f"{path}[{k!r}]") for k, item in v.items()]
+        elif isinstance(v, (list, tuple)):
+            parts = [(item, f"{path}[{i}]") for i, item in enumerate(v)]
+        elif isinstance(v, (set, frozenset)):
+            parts = [(item, f"{path} (a member)") for item in v]
         elif isinstance(v, msgspec.Struct):
-            parts = [getattr(v, f, None) for f in v.__struct_fields__]
+            parts = [(getattr(v, f, None), f"{path}.{f}") for f in v.__struct_fields__]
         elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-            parts = [getattr(v, f.name, None) for f in dataclasses.fields(v)]
+            parts = [(getattr(v, f.name, None), f"{path}.{f.name}") for f in dataclasses.fields(v)]
         elif _is_model(v):
-            parts = list(vars(v).values())
+            parts = [(item, f"{path}.{name}") for name, item in vars(v).items()]
         else:
             return None
-        return next((found for p in parts if (found := walk(p)) is not None), None)
+        return next((found for p, at in parts if (found := walk(p, at)) is not None), None)
 
     try:
-        return walk(value)
+        return walk(value, "")
     except RecursionError:  # nested too deeply to say: the generic message stands
         return None
 
@@ -506,9 +521,11 @@ def record(value: Any, type_: Any, *, what: str) -> tuple[Any, Any]:
             hint = (f"annotate the return type (e.g. -> {type(value).__name__}) or return plain JSON data (an "
                     "annotation Python cannot resolve when the code runs, such as a type imported only under "
                     "TYPE_CHECKING, counts as none)")
+        where, part = _where_unlike(live, value, "")
         raise SerializationError(
             f"{what} returned {_describe(value)}, which would come back from the log as "
-            f"{_describe(live)}; a replay must see what the live call saw: {hint}"
+            f"{_describe(live)}{f' (at {where}: {_describe(part)})' if where else ''}; a replay must see what the "
+            f"live call saw: {hint}"
         )
     return plain, live
 
@@ -578,6 +595,27 @@ def _same(live: Any, value: Any) -> bool:
             return all(_same(getattr(live, f), getattr(value, f)) for f in fields) and (
                 live.__pydantic_extra__ == value.__pydantic_extra__)
     return False
+
+
+def _where_unlike(live: Any, value: Any, path: str) -> tuple[str, Any]:
+    """The path of the first part where ``live`` (decoded from the log) is not :func:`_same` as ``value``, with that
+    part of ``value``: within lists, tuples, dicts (walked in order, as the log keeps them), dataclasses and Structs
+    of one type; ``path`` itself where it cannot tell (or the difference is the part's own type)."""
+    if type(live) is not type(value):
+        return path, value
+    pairs: list[tuple[Any, Any, str]] = []
+    if isinstance(value, (list, tuple)) and len(live) == len(value):
+        pairs = [(a, b, f"{path}[{i}]") for i, (a, b) in enumerate(zip(live, value, strict=True))]
+    elif isinstance(value, dict) and len(live) == len(value):
+        for (lk, lv), (k, v) in zip(live.items(), value.items(), strict=True):
+            if not _same(lk, k):
+                return f"{path} (a key)".strip(), k
+            pairs.append((lv, v, f"{path}[{k!r}]"))
+    elif dataclasses.is_dataclass(value) or isinstance(value, msgspec.Struct):
+        names = value.__struct_fields__ if isinstance(value, msgspec.Struct) else [
+            f.name for f in dataclasses.fields(value)]
+        pairs = [(getattr(live, n, None), getattr(value, n, None), f"{path}.{n}") for n in names]
+    return next((_where_unlike(a, b, at) for a, b, at in pairs if not _same(a, b)), (path, value))
 
 
 def _by_text(members: Any) -> dict[bytes, Any] | None:

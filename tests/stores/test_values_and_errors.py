@@ -518,10 +518,11 @@ async def test_a_refused_value_or_annotation_says_what_is_wrong_and_what_to_use(
                        "(a Counter's data: its key type, int counts) and make the Counter where you need one",
         "measured": f"SerializationError: step measured#1 cannot be recorded: it is Decimal('NaN'): {NAN}",
         "measured_unannotated": "SerializationError: step measured_unannotated#1 cannot be recorded: it holds "
-                                f"Decimal('NaN'): {NAN}",
+                                f"Decimal('NaN') at [1]: {NAN}",
         "api_token": "SerializationError: step api_token#1 cannot be recorded: it is a pydantic SecretStr, which "
                      f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
-        "signed_in": "SerializationError: step signed_in#1 cannot be recorded: it holds a pydantic SecretStr, which "
+        "signed_in": "SerializationError: step signed_in#1 cannot be recorded: it holds a pydantic SecretStr at "
+                     ".password, which "
                      f"pydantic writes masked ('**********'), so the secret would not come back; {SECRETS}",
         "where_it_is": "SerializationError: step where_it_is#1 cannot be recorded (PosixPath is not "
                        "JSON-serialisable); " + ADVICE,  # it said to annotate the type, which it was

@@ -166,8 +166,38 @@ def test_an_int_longer_than_msgspec_reads_back_is_refused_whatever_the_digit_lim
         for fits in (10**4300 - 1, -(10**4299 - 1)):
             assert to_plain({"n": fits}, what="v") == {"n": fits}
         for too_long in (10**4300, -(10**4299), [10**5000]):
-            with pytest.raises(SerializationError, match=r"more than 4,300 characters \(digits and sign\), which "
+            with pytest.raises(SerializationError, match=r"more than 4,300 characters \(digits and sign\)( at \S+)?, which "
                                                          r"runifold cannot read back.*record it as a str"):
                 to_plain(too_long, what="v")
     finally:
         sys.set_int_max_str_digits(old)
+
+
+def test_a_refusal_names_where_in_the_value_the_part_it_refuses_is() -> None:
+    """helper-89: a refusal said what a large value held, not where: the user searched the whole value for it."""
+    import dataclasses
+    import datetime
+    import decimal
+
+    from runifold.history import record
+
+    @dataclasses.dataclass
+    class Line:
+        sku: str
+        price: float
+
+    def refusal(value: Any) -> str:
+        with pytest.raises(SerializationError) as caught:
+            record(value, Any, what="step quote#1")
+        return str(caught.value)
+
+    assert "it holds NaN or an infinity at ['lines'][1].price, which JSON" in refusal(
+        {"lines": [Line("a", 1.0), Line("b", float("inf"))]})
+    assert "it is NaN or an infinity, which JSON" in refusal(float("nan"))
+    assert "it holds Decimal('NaN') at ['totals'][0]: a NaN" in refusal({"totals": [decimal.Decimal("NaN")]})
+    assert "it holds an int of more than 4,300 characters (digits and sign) at [2], which" in refusal([1, 2, 10**5000])
+    # a part that would come back as another type: where, and what it was
+    assert ("would come back from the log as dict {'order': {'placed': ['2026-01-02T03:04:05']}} (at ['order']"
+            "['placed'][0]: datetime datetime.datetime(2026, 1, 2, 3, 4, 5))") in refusal(
+        {"order": {"placed": [datetime.datetime(2026, 1, 2, 3, 4, 5)]}})
+    assert "(at (a key): int 7)" in refusal({7: "seven"})
