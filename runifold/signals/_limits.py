@@ -32,8 +32,9 @@ class SignalLimits:
         max_key_id: key id (default 200).
         max_reason: free-text reason (default 2,000).
         max_payload_bytes: the payload as JSON (default 64 KiB).
-        max_unconsumed: accepted signals a run may hold before a wait consumes
-            them; past it the store refuses more (``inbox_full``) (default 1,000).
+        max_unconsumed: accepted signals of one name a run may hold before a
+            wait consumes them; past it the store refuses more of that name
+            (``inbox_full``) (default 1,000).
         max_rejected_per_run: attempts not accepted (rejections and duplicates) the
             audit keeps per run, the newest (default 1,000).
     """

@@ -312,7 +312,7 @@ class SignalDelivery(msgspec.Struct, frozen=True):
 
     ``run_id`` is the run the gateway resolved ``run_ref`` to (and authorised
     against); the store delivers to exactly that run. ``run_ref`` is kept for
-    the audit. A run holds at most ``max_unconsumed`` unconsumed signals, and
+    the audit. A run holds at most ``max_unconsumed`` unconsumed signals of each name, and
     the audit keeps its newest ``max_refused`` attempts that were not accepted
     (duplicates and rejections).
     """

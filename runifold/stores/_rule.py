@@ -193,7 +193,8 @@ def signal_verdict(delivery: SignalDelivery, existing: tuple[str, str, str, str]
     ``existing`` is the (name, payload hash, sender, reason) already stored under the signal id, if any: a
     signal id names one signal, so only the same signal again (a resend) is a duplicate; the same id from
     another sender, or with another name, payload or reason, is a conflict. ``unconsumed`` counts the run's
-    unconsumed signals; ``finished``: the run has finished.
+    unconsumed signals of the delivery's name (a limit per name: senders of one signal cannot fill the inbox
+    against another's, helper-96); ``finished``: the run has finished.
     """
     sent = (delivery.name, delivery.payload_hash, delivery.sender, delivery.reason)
     if existing is not None and existing == sent:
@@ -203,7 +204,8 @@ def signal_verdict(delivery: SignalDelivery, existing: tuple[str, str, str, str]
                   if was != now]
         return "rejected:conflict", f"the signal id names another signal (it differs in: {', '.join(differ)})"
     if unconsumed >= delivery.max_unconsumed:
-        return "rejected:inbox_full", f"the run's inbox is full (at most {delivery.max_unconsumed} unconsumed signals)"
+        return "rejected:inbox_full", (f"the run's inbox is full (at most {delivery.max_unconsumed} unconsumed signals "
+                                       f"named {delivery.name!r})")
     return "accepted", "run finished; kept unconsumed" if finished else ""
 
 
@@ -213,11 +215,12 @@ def refused_cap(run_id: str | None, max_per_run: int) -> int:
     return max_per_run if run_id is not None else 10 * max_per_run
 
 
-def inbox_full(run_id: str, limit: int) -> SignalRejectedError:
-    """The error for a delivery to a run whose inbox is full."""
+def inbox_full(run_id: str, name: str, limit: int) -> SignalRejectedError:
+    """The error for a delivery to a run whose inbox holds ``limit`` unconsumed signals named ``name``."""
     return SignalRejectedError(
-        "inbox_full", f"run {run_id} already holds {limit} unconsumed signals; an unfinished run makes room as its "
-                      "waits consume them (send again after that), a finished run takes no more"
+        "inbox_full", f"run {run_id} already holds {limit} unconsumed signals named {name!r}; an unfinished run makes "
+                      f"room as its waits for {name!r} consume them (send again after that), a finished run takes "
+                      "no more; if none of its waits will, cancel it"
     )
 
 

@@ -405,14 +405,15 @@ class MemoryWorkflowStore:
         found = run.signals.get(delivery.signal_id)
         existing = None if found is None else (found.inbox.name, found.payload_hash, found.inbox.sender,
                                                found.inbox.reason)
-        verdict, detail = _rule.signal_verdict(delivery, existing, len(run.unconsumed()), run.status.finished)
+        unconsumed = sum(s.inbox.name == delivery.name for s in run.unconsumed())
+        verdict, detail = _rule.signal_verdict(delivery, existing, unconsumed, run.status.finished)
         self._audit.append(_audit(delivery, verdict, detail, now))
         if verdict != "accepted":
             self._trim_refused(run.run_id, delivery.max_refused)
         if verdict == "rejected:conflict":
             raise SignalConflictError(run.run_id, delivery.signal_id)
         if verdict == "rejected:inbox_full":
-            raise _rule.inbox_full(run.run_id, delivery.max_unconsumed)
+            raise _rule.inbox_full(run.run_id, delivery.name, delivery.max_unconsumed)
         if found is not None:
             return SignalReceipt(run.run_id, delivery.signal_id, True, found.inbox.received_at, run.status)
         sig = InboxSignal(delivery.signal_id, delivery.name, payload, delivery.sender, delivery.reason, now)

@@ -503,7 +503,7 @@ class PostgresWorkflowStore:
         if verdict == "rejected:conflict":
             raise SignalConflictError(d.run_id, d.signal_id)
         if verdict == "rejected:inbox_full":
-            raise _rule.inbox_full(d.run_id, d.max_unconsumed)
+            raise _rule.inbox_full(d.run_id, d.name, d.max_unconsumed)
         return SignalReceipt(d.run_id, d.signal_id, verdict == "duplicate", row["received_at"],
                              RunStatus(row["run_status"]))
 

@@ -609,7 +609,7 @@ class SqliteWorkflowStore:
             info = _run_info(row)
             now = self._clock()
             found = conn.execute(Q["signal_of"], (info.run_id, delivery.signal_id)).fetchone()
-            unconsumed = 0 if found else conn.execute(Q["unconsumed_count"], (info.run_id,)).fetchone()[0]
+            unconsumed = 0 if found else conn.execute(Q["unconsumed_count"], (info.run_id, delivery.name)).fetchone()[0]
             existing = None if found is None else (found[0], found[1], found[3], found[4])
             verdict, detail = _rule.signal_verdict(delivery, existing, unconsumed, info.status.finished)
             _insert_audit(conn, AuditRecord(
@@ -630,7 +630,7 @@ class SqliteWorkflowStore:
         if verdict == "rejected:conflict":
             raise SignalConflictError(receipt.run_id, receipt.signal_id)
         if verdict == "rejected:inbox_full":
-            raise _rule.inbox_full(receipt.run_id, delivery.max_unconsumed)
+            raise _rule.inbox_full(receipt.run_id, delivery.name, delivery.max_unconsumed)
         return receipt
 
     async def record_rejected(self, record: AuditRecord, *, max_per_run: int = 1000) -> None:

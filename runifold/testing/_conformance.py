@@ -530,6 +530,8 @@ class StoreConformance(ScheduleAndLimitConformance):
         assert (await deliver(store, "c1", "s1", max_unconsumed=2)).duplicate
         assert [a.verdict for a in await store.audit("c1")] == ["accepted", "accepted", "rejected:inbox_full",
                                                                   "duplicate"]
+        # counted per signal name: another name still has room
+        assert not (await deliver(store, "c1", "t0", name="other", max_unconsumed=2)).duplicate
 
     async def test_rejected_attempts_are_capped_per_run(self, store: Any) -> None:
         """record_rejected keeps the newest max_per_run rejected attempts of a run, and of unknown runs ten times that."""

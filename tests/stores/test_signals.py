@@ -191,7 +191,9 @@ async def test_replayed_envelopes_keep_the_audit_bounded_and_refusals_say_why(st
     audit = [(a.signal_id, a.verdict, a.detail) for a in await store.audit("o1")]
     assert audit == [("s1", "accepted", ""), *[("s1", "duplicate", "")] * 3,
                      ("s1", "rejected:conflict", "the signal id names another signal (it differs in: payload)"),
-                     ("s2", "accepted", ""), ("s3", "rejected:inbox_full", "the run's inbox is full (at most 2 unconsumed signals)")]
+                     ("s2", "accepted", ""), ("s3", "rejected:inbox_full",
+                                                         "the run's inbox is full (at most 2 unconsumed signals named "
+                                                         "'comment')")]
 
 
 async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) -> None:
@@ -207,8 +209,12 @@ async def test_a_run_holds_a_bounded_number_of_unconsumed_signals(store: Any) ->
     assert caught.value.verdict == "inbox_full"
     # what to do, for a run that waits and for one that has finished (helper-90: "wait until it consumes some",
     # which a finished run never does)
-    assert "an unfinished run makes room as its waits consume them (send again after that), a finished run takes " \
-           "no more" in str(caught.value)
+    assert "already holds 3 unconsumed signals named 'comment'; an unfinished run makes room as its waits for " \
+           "'comment' consume them (send again after that), a finished run takes no more; if none of its waits " \
+           "will, cancel it" in str(caught.value)
+    # the limit is per name: the senders of one signal cannot fill the inbox against another's (helper-96: a
+    # thousand early finance approvals refused the manager's approval the run waited for)
+    assert not (await gateway(store, small).send(envelope("o2", "a1", now, name="approval"))).duplicate
 
 
 async def test_rejected_attempts_are_capped_per_run(store: Any) -> None:

@@ -116,7 +116,7 @@ DELETE FROM runs WHERE run_id = ?
 SELECT name, payload_hash, received_at, sender, reason FROM signals WHERE run_id = ? AND signal_id = ?
 
 -- name: unconsumed_count
-SELECT count(*) FROM signals WHERE run_id = ? AND consumed = 0
+SELECT count(*) FROM signals WHERE run_id = ? AND name = ? AND consumed = 0
 
 -- name: insert_signal
 INSERT INTO signals (run_id, signal_id, name, payload, payload_hash, sender, key_id, reason, received_at, arrival)
