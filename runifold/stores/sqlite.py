@@ -88,8 +88,9 @@ _json = msgspec.json.encode
 
 def _json_list(values: list[str] | None) -> str | None:
     return None if values is None else _json(values).decode()
-#: a run committing alone, directly, lets the event loop run other tasks at least this often (see _write)
-DIRECT_WRITES_PER_YIELD = 8
+#: a run committing alone, directly, lets the event loop run other tasks at least this often, and whenever this
+#: long (seconds) has passed since it last did (a step that blocked the loop: see _write)
+DIRECT_WRITES_PER_YIELD, DIRECT_YIELD_AFTER = 8, 0.02
 
 
 def _errorname(exc: sqlite3.Error) -> str:
@@ -212,7 +213,7 @@ class SqliteWorkflowStore:
         self.transactions = 0
         self.operations = 0
         #: writes that ran in the calling thread (``direct_writes``)
-        self.direct = 0
+        self.direct, self._yielded = 0, time.monotonic()
 
     @classmethod
     async def open(
@@ -312,9 +313,10 @@ class SqliteWorkflowStore:
                 # DIRECT_WRITES_PER_YIELD. A direct write never suspends, so without this a run whose steps are
                 # quick would run to its end in one pass of the loop, other runs would never get to claim or
                 # commit beside it, and it would always look alone: no grouping, and a supervisor's other slots
-                # starved. (A write sent to the writer thread suspends anyway.)
-                if self.direct % DIRECT_WRITES_PER_YIELD == 0:
+                # starved; nor would a SIGTERM's handler run while async steps block the loop (helper-98)
+                if self.direct % DIRECT_WRITES_PER_YIELD == 0 or time.monotonic() - self._yielded > DIRECT_YIELD_AFTER:
                     await asyncio.sleep(0)
+                    self._yielded = time.monotonic()
                     if not self._alone():
                         return await self._writer.submit(op, orphan)  # type: ignore[no-any-return]
                 [(value, exc)] = self._apply(self._writer.connection, [op], budget=0.0)

@@ -55,6 +55,36 @@ async def test_a_lone_run_writes_in_the_callers_thread(tmp_path: Path) -> None:
         await reopened.close()
 
 
+async def test_a_lone_run_whose_steps_block_the_loop_lets_it_run_at_each_commit(tmp_path: Path) -> None:
+    """helper-98: async steps that block the event loop (time.sleep in an async def) between direct commits gave
+    the loop a pass only every eighth commit, so a worker's SIGTERM handler ran seconds late (its grace went by
+    before it began) and other tasks starved. A direct write after the loop was held up yields to it first."""
+    store = await _open(tmp_path)
+    passes = 0
+
+    async def count_passes() -> None:
+        nonlocal passes
+        while True:
+            await asyncio.sleep(0)
+            passes += 1
+
+    try:
+        await store.enqueue(WorkflowTask("wf", 1, {}, checkpoint_id="blocked"))
+        claim = await store.claim("w", {"wf"}, 30.0)
+        assert claim is not None
+        counter = asyncio.ensure_future(count_passes())
+        await asyncio.sleep(0)
+        revision, start = 1, passes
+        for i in range(6):
+            time.sleep(0.05)  # a step that blocks the loop
+            revision = (await store.commit(claim.lease, revision, [step_row(f"s#{i}", i)], Continue())).revision
+        assert passes - start >= 6, (passes, start)
+        assert store.direct >= 7  # direct writes still (the claim and six commits)
+        counter.cancel()
+    finally:
+        await store.close()
+
+
 async def test_direct_writes_can_be_turned_off(tmp_path: Path) -> None:
     """direct_writes=False: every write goes through the writer thread."""
     store = await _open(tmp_path, direct_writes=False)
