@@ -113,7 +113,7 @@ def registry_of(args: argparse.Namespace) -> WorkflowRegistry:
     if not args.app:
         raise UsageError("this command needs the workflows: pass --app module:attribute or set RUNIFOLD_APP")
     module_name, _, attribute = args.app.partition(":")
-    if not attribute:
+    if not attribute or not module_name:
         raise UsageError(f"--app {args.app!r} must look like module:attribute, e.g. examples.order_intake:registry")
     sys.path.insert(0, os.getcwd())
     try:
@@ -236,6 +236,14 @@ def seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
     if not math.isfinite(number) or number <= 0 or number > MAX_SECONDS:
         raise argparse.ArgumentTypeError(f"{value!r} must be a positive, finite number of seconds up to {MAX_SECONDS:g}")
+    return number
+
+
+def lease_seconds(value: str) -> float:
+    """An argparse type: a lease, at least 0.1 s (what LeaseDuration takes)."""
+    number = seconds(value)
+    if number < 0.1:
+        raise argparse.ArgumentTypeError(f"{value!r} is shorter than a lease may be: give at least 0.1 seconds")
     return number
 
 

@@ -20,6 +20,7 @@ from runifold.cli._common import (
     checkpoint_id,
     drop_output,
     emit_json,
+    lease_seconds,
     operator,
     parse_json,
     positive_int,
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     worker.add_argument("--concurrency", type=positive_int(MAX_CONCURRENCY), default=8,
                         help="runs driven at once (default 8)")
     worker.add_argument("--worker-id", help="lease owner id (default host-pid)")
-    worker.add_argument("--lease", type=seconds, default=30.0, help="lease seconds (default 30); renewed every third")
+    worker.add_argument("--lease", type=lease_seconds, default=30.0, help="lease seconds (default 30); renewed every third")
     worker.add_argument("--idle-wait", type=seconds, default=1.0,
                         help="seconds an idle slot waits before polling again (default 1)")
     worker.add_argument("--grace", type=seconds, default=10.0,
@@ -116,6 +117,9 @@ def _on_stop(supervisor: Supervisor, grace: float, log_format: str) -> None:
 
 async def worker_cmd(args: argparse.Namespace) -> int:
     registry = registry_of(args)
+    if not list(registry.versions()):  # (helper-98: it started, "serving" nothing, and never said so)
+        raise ArgumentError(f"--app {args.app} holds no workflow, so the worker would serve nothing: register your "
+                            "definitions in it (registry.register(WorkflowDefinition(...)))")
     try:
         worker_id = WorkerId.parse(f"{socket.gethostname()}-{os.getpid()}" if args.worker_id is None else args.worker_id)
     except ConfigurationError as exc:  # a bad --worker-id (the host's name makes a good one)

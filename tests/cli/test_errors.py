@@ -35,6 +35,9 @@ def test_bad_values_are_usage_errors(cli: Cli) -> None:
     """Non-finite or absurd durations, an empty worker id, a zero page, an unknown flag: exit 2, one line."""
     one_line_error(cli("worker", "--lease", "nan"), 2, "--lease", "finite")
     one_line_error(cli("worker", "--lease", "inf"), 2, "--lease", "finite")
+    # in the flag's terms, not the Python API's (helper-98: "give a timedelta of at least 100 ms")
+    one_line_error(cli("worker", "--lease", "0.001"), 2, "runifold worker: error: argument --lease: '0.001' is "
+                   "shorter than a lease may be: give at least 0.1 seconds")
     one_line_error(cli("worker", "--grace", "1e300"), 2, "--grace")
     one_line_error(cli("worker", "--idle-wait", "-1"), 2, "--idle-wait")
     one_line_error(cli("worker", "--concurrency", "0"), 2, "--concurrency")
@@ -254,6 +257,12 @@ def test_an_app_module_that_raises_on_import_is_a_configuration_error(cli: Cli) 
                    "--app", "RuntimeError: DATABASE_URL is not set")
     debug = cli("enqueue", "steps", "1", "--app", "broken_app:registry", "--debug", env=env)
     assert debug.returncode == 2 and "Traceback" in debug.stderr and "broken_app.py" in debug.stderr
+    # no module, or a registry that holds nothing (helper-98: "Empty module name"; a worker serving nothing)
+    one_line_error(cli("enqueue", "steps", "1", "--app", ":registry", env=env), 2,
+                   "--app ':registry' must look like module:attribute")
+    (cli.tmp / "empty_app.py").write_text("from runifold import WorkflowRegistry\nregistry = WorkflowRegistry()\n")
+    one_line_error(cli("worker", "--app", "empty_app:registry", env=env), 2,
+                   "--app empty_app:registry holds no workflow, so the worker would serve nothing")
     (cli.tmp / "exiting_app.py").write_text("import sys\nsys.exit(0)\n")  # a deploy check must not pass on this
     one_line_error(cli("replay", "--all", "--app", "exiting_app:registry", env=env), 2, "--app", "SystemExit")
 
