@@ -286,7 +286,8 @@ async def runs_show(args: argparse.Namespace) -> int:
             for wait in checkpoint.waits]
     why = ("the run finished without a wait taking it" if info.status.finished
            else "no wait of the workflow's has taken it yet")
-    out += [f"signal      {printable(a.name)} from {printable(a.sender)} at {when(a.at)}: received, not consumed "
+    out += [f"signal      {printable(a.name)} from {printable(a.sender)} (key {printable(a.key_id)}) at {when(a.at)}: "
+            "received, not consumed "
             f"({why})" for a in unconsumed]
     for key, state in effects_now(info, checkpoint.pending_effects, now).items():
         idempotency_key, attempts = effect_attempts([e.event for e in entries if e.event.key == key])

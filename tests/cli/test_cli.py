@@ -92,7 +92,7 @@ def test_signal_audit_and_replay_divergence(any_cli: Cli) -> None:
     duplicate = cli(*args, "--key-file", alice, env={"RUNIFOLD_KEYS": alice})
     assert duplicate.returncode == 0 and "duplicate" in duplicate.stdout
     waiting = cli("runs", "show", "g1").stdout  # a signal the workflow has not taken yet is shown (helper-18)
-    assert "signal      approval from alice at " in waiting and "received, not consumed" in waiting, waiting
+    assert "signal      approval from alice (key alice-1) at " in waiting and "received, not consumed" in waiting, waiting
     run_worker_until(cli, "g1", RunStatus.COMPLETED)
     assert "not consumed" not in cli("runs", "show", "g1").stdout
     # finished runs are checked when asked for (helper-51: no command replayed them all)
