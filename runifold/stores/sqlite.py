@@ -71,6 +71,8 @@ from runifold.stores._protocol import (
     transition_columns,
 )
 from runifold.stores._schedule import Schedule, ScheduleInfo, check_schedule_name
+from runifold.stores._sqlite_errors import errorname as _errorname, is_busy as _is_busy, open_error as _open_error
+from runifold.stores._sqlite_errors import translate as _translate
 from runifold.stores._sql import by_ref, closed_store, migrations, newer_schema, numbered, queries
 from runifold.stores._thread import ConnectionThread, Outcome
 
@@ -82,7 +84,6 @@ Q = queries("sqlite")
 RUN = by_ref(Q["run"])
 TASK_OF = by_ref(Q["task_of"])
 SCHEMA_VERSION = migrations("sqlite")[-1][0]
-_BUSY = {"SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_BUSY_SNAPSHOT", "SQLITE_BUSY_RECOVERY", "SQLITE_LOCKED_SHAREDCACHE"}
 _json = msgspec.json.encode
 
 
@@ -91,30 +92,6 @@ def _json_list(values: list[str] | None) -> str | None:
 #: a run committing alone, directly, lets the event loop run other tasks at least this often, and whenever this
 #: long (seconds) has passed since it last did (a step that blocked the loop: see _write)
 DIRECT_WRITES_PER_YIELD, DIRECT_YIELD_AFTER = 8, 0.02
-
-
-def _errorname(exc: sqlite3.Error) -> str:
-    return getattr(exc, "sqlite_errorname", "") or type(exc).__name__
-
-
-def _is_busy(exc: BaseException) -> bool:
-    return isinstance(exc, sqlite3.Error) and _errorname(exc) in _BUSY
-
-
-def _translate(exc: sqlite3.Error, path: str) -> StoreError:
-    """The one place SQLite errors become runifold errors, by error name."""
-    name = _errorname(exc)
-    if _is_busy(exc):
-        return StoreUnavailableError(
-            f"the SQLite database {path} stayed locked ({name}) past the busy budget; another process holds a "
-            "long write transaction. Retry later, raise busy_seconds, or move many concurrent writers to PostgreSQL"
-        )
-    if name in ("SQLITE_CANTOPEN", "SQLITE_CANTOPEN_ISDIR", "SQLITE_PERM", "SQLITE_READONLY", "SQLITE_IOERR"):
-        return StoreUnavailableError(
-            f"cannot write the SQLite database {path} ({name}: {exc}); check that the file and its folder exist and "
-            "are writable, or open it read-only (sqlite:///path?mode=ro) for commands that only read"
-        )
-    return StoreError(f"SQLite error {name} on {path}: {exc}")
 
 
 def _run_info(row: Sequence[Any]) -> RunInfo:
@@ -729,6 +706,8 @@ def _schema_version(conn: sqlite3.Connection, path: str) -> int:
 
 def _open_readonly(path: str, busy_seconds: float) -> sqlite3.Connection:
     """Open ``path`` for reading only; never create it, never migrate it."""
+    if os.path.isdir(path):
+        raise _open_error(sqlite3.OperationalError("is a directory"), path)
     if not os.path.isfile(path):
         raise StoreUnavailableError(
             f"no SQLite database at {os.path.abspath(path)}; check the path (or the folder you run in), "
@@ -753,25 +732,6 @@ def _open_readonly(path: str, busy_seconds: float) -> sqlite3.Connection:
             raise
     assert last is not None
     raise _open_error(last, path) from last
-
-
-def _open_error(exc: sqlite3.Error, path: str) -> StoreError:
-    if _is_busy(exc):
-        return _translate(exc, path)
-    where = os.path.abspath(path)
-    folder = os.path.dirname(where)
-    if not os.path.isdir(folder):
-        return StoreUnavailableError(
-            f"cannot open the SQLite database {where}: the directory {folder} does not exist; create it, "
-            "or check the path")
-    if _errorname(exc) == "SQLITE_NOTADB":
-        return StoreUnavailableError(
-            f"cannot open the SQLite database {where}: the file is not a SQLite database (or is damaged); "
-            "check the path")
-    return StoreUnavailableError(
-        f"cannot open the SQLite database {where} ({_errorname(exc)}: {exc}); check that the path "
-        "exists and is writable, or open it read-only (sqlite:///path?mode=ro) for commands that only read"
-    )
 
 
 def _statements(script: str) -> list[str]:

@@ -77,13 +77,44 @@ async def test_an_open_error_names_the_path(tmp_path: Path) -> None:
     assert str(path) in str(err.value)
     assert f"the directory {path.parent} does not exist" in str(err.value) and "read-only" not in str(err.value)
 
-    # a file that is not a database: said so (it said to check that the path is writable: helper-54)
+    # a file that is not a database: said so, writable or read-only (it said to check that the path is writable:
+    # helper-54; read-only it gave SQLite's words alone: helper-98)
     other = tmp_path / "notes.db"
     other.write_text("not a database, but a file of notes that happens to end in .db\n" * 100)
-    with pytest.raises(StoreUnavailableError) as err:
-        await SqliteWorkflowStore.open(str(other))
-    assert str(err.value) == (f"cannot open the SQLite database {other}: the file is not a SQLite database (or is "
-                              "damaged); check the path")
+    for readonly in (False, True):
+        with pytest.raises(StoreError) as err:
+            await SqliteWorkflowStore.open(str(other), readonly=readonly)
+        assert "notes.db is not a SQLite database, or is damaged (SQLITE_NOTADB: file is not a database); check the " \
+               "path, or restore the file from a backup" in str(err.value)
+    # a folder given as the database, and a database of another application's (helper-98: "table runs already
+    # exists"; read-only, "open it writable to create it", which a folder never is)
+    for readonly in (False, True):
+        with pytest.raises(StoreUnavailableError, match="it is a directory; give the path of a file in it"):
+            await SqliteWorkflowStore.open(str(tmp_path), readonly=readonly)
+    theirs = tmp_path / "app.db"
+    with sqlite3.connect(theirs) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY)")
+    with pytest.raises(StoreError, match=r"holds tables of another application \(table runs already exists\), which "
+                                         "runifold's schema cannot share: give runifold a database file of its own"):
+        await SqliteWorkflowStore.open(str(theirs))
+
+
+def test_a_full_or_failing_disk_says_so_and_what_to_do() -> None:
+    """helper-98: a full disk said "check that the path exists and is writable, or open it read-only", and on a
+    write "database or disk is full" alone."""
+    from runifold.stores._sqlite_errors import translate
+
+    class Full(sqlite3.OperationalError):
+        sqlite_errorname = "SQLITE_FULL"
+
+    class ShmSize(sqlite3.OperationalError):
+        sqlite_errorname = "SQLITE_IOERR_SHMSIZE"
+
+    for exc in (Full("database or disk is full"), ShmSize("disk I/O error")):
+        said = translate(exc, "/srv/runifold.db")
+        assert isinstance(said, StoreUnavailableError)
+        assert "the disk is full or failing; free space (keep room for the write-ahead log /srv/runifold.db-wal " \
+               "beside it, several MB) or check the disk" in str(said)
 
 
 @pytest.fixture
