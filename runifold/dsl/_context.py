@@ -241,10 +241,11 @@ class WorkflowContext:
         if input is not None and not isinstance(input, Mapping):
             raise ConfigurationError(f"start_child takes the child's input as a dict of its parameters, got {input!r}")
         b = _binding()
+        spec = getattr(workflow, WORKFLOW_ATTR, None)
+        # before the start: a result no value could be decoded to is refused before the child exists (helper-99)
+        returns = spec.returns.get() if isinstance(spec, WorkflowSpec) else Any
         run_id, child_checkpoint = await b.driver.start_child(b.scope, workflow, dict(input or {}), version,
                                                               checkpoint_id)
-        spec = getattr(workflow, WORKFLOW_ATTR, None)
-        returns = spec.returns.get() if isinstance(spec, WorkflowSpec) else Any
         return ChildHandle(run_id, child_checkpoint, returns)
 
     async def run_child(

@@ -447,6 +447,8 @@ def annotation_problem(type_: Any) -> str | None:
         msgspec.json.Decoder(type_)
     except TypeError as exc:
         return _cannot_decode(type_, exc)
+    except Exception:  # a field annotated with a name Python cannot resolve yet (a class further down): not known
+        return None
     return None
 
 

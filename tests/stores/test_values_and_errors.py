@@ -303,6 +303,54 @@ async def test_an_annotation_resolved_only_at_the_call_is_refused_there_before_t
     assert await event_types(store, done.run_id) == ["run_started", "run_completed"]
 
 
+@dataclasses.dataclass
+class Basket:
+    items: list[Item]  # (a class further down: not resolvable when the step below is declared)
+
+
+@step()
+async def fill_basket() -> Basket:
+    return Basket([Item("a")])
+
+
+@workflow("pays-later")
+async def pays_later(ctx: WorkflowContext) -> CardOrIbanLater:  # (resolved only when it is started or ends)
+    ran["pays_later"] += 1
+    return Card("4242")
+
+
+@dataclasses.dataclass
+class Item:
+    sku: str
+
+
+CardOrIbanLater = Card | Iban
+
+
+@workflow("fills-and-starts")
+async def fills_and_starts(ctx: WorkflowContext) -> list[str]:
+    said = [repr(await fill_basket())]
+    try:
+        await ctx.start_child(pays_later)
+    except SerializationError as exc:
+        said.append(f"refused: {exc}")
+    return said
+
+
+async def test_a_field_naming_a_class_further_down_is_no_refusal_and_a_child_refused_is_never_started(
+        store: Any) -> None:
+    """helper-99: a dataclass whose field names a class defined further down made the module fail to import
+    (msgspec raised NameError, which the declaration check let out); and a child workflow whose result no value
+    decodes to was started, and its body ran, while its parent was told the start was refused."""
+    await store.enqueue(WorkflowTask("fills-and-starts", 1, {}, checkpoint_id="fs1"))
+    done = await worker(store, WorkflowDefinition(fills_and_starts), WorkflowDefinition(pays_later)).run_once()
+    assert isinstance(done, Completed), done
+    basket, refused = done.output
+    assert basket == "Basket(items=[Item(sku='a')])"
+    assert refused.startswith("refused: pays_later cannot return a value runifold records: the annotation"), refused
+    assert [r.checkpoint_id for r in await store.list_runs()] == ["fs1"] and ran["pays_later"] == 0
+
+
 class Sku(msgspec.Struct, frozen=True):
     code: str
 
