@@ -438,8 +438,14 @@ async def test_a_database_at_the_baseline_is_migrated_and_keeps_its_runs(open_st
         conn = await asyncpg.connect(url)
         row = await conn.fetchrow(
             "SELECT * FROM runifold_deliver($1, 'u1', 's2', 'go', '2', 'sha256:c', 'alice', 'k', 'r', 10)", run_id)
+        # and cancels with the form before version 4 (helper-99: version 4 dropped it, and an old `runifold cancel`
+        # raised "function runifold_intervene(...) does not exist")
+        cancelled = await conn.fetchrow(
+            "SELECT * FROM runifold_intervene('checkpoint_id', 'u1', ARRAY['ready'], ARRAY['run_cancelled'], "
+            "ARRAY[''], ARRAY['{\"type\":\"run_cancelled\",\"by\":\"ops\",\"reason\":\"old\"}'], 'cancelled', 'old')")
         await conn.close()
         assert row["verdict"] == "accepted"
+        assert (cancelled["run_id"], cancelled["status"], cancelled["new_revision"]) == (run_id, "ready", 2)
 
 
 async def test_postgres_a_childs_end_wakes_a_parent_whose_suspending_commit_is_in_flight(open_store: Any) -> None:

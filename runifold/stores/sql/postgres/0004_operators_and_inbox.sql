@@ -7,7 +7,6 @@
 -- filled it against another's (a thousand early finance approvals refused the manager's approval the run waited
 -- for), runifold/stores/_rule.py, signal_verdict.
 
-DROP FUNCTION IF EXISTS runifold_intervene(text, text, text[], text[], text[], text[], text, text);
 
 -- An operator's append: fences off any lease holder. Returns the run's status and revision before (new_revision
 -- NULL: its status is not in p_allowed, or p_decided_at is given and is not its revision; nothing written); no
@@ -47,6 +46,17 @@ BEGIN
     PERFORM pg_notify('runifold_work', '');
     RETURN QUERY SELECT v_run.run_id, v_run.status, v_run.revision, v_run.revision + v_n, v_now;
 END
+$$;
+
+-- The previous form, kept for processes of the previous runifold still running while this one migrated the
+-- database (a rolling upgrade): it decides on no revision.
+CREATE OR REPLACE FUNCTION runifold_intervene(
+    p_column text, p_ref text, p_allowed text[], p_types text[], p_keys text[], p_bodies text[], p_status text,
+    p_reason text
+) RETURNS TABLE (run_id text, status text, new_revision bigint, at double precision)
+LANGUAGE sql VOLATILE AS $$
+    SELECT i.run_id, i.status, i.new_revision, i.at
+    FROM runifold_intervene(p_column, p_ref, p_allowed, p_types, p_keys, p_bodies, p_status, p_reason, NULL::bigint) i
 $$;
 
 -- A delivery, as version 2 made it, with the inbox limit counted per signal name.
