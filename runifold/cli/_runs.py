@@ -212,10 +212,13 @@ def effects_now(info: RunInfo, pending: dict[str, str], now: float) -> dict[str,
 
 
 def show_json(info: RunInfo, entries: list[Entry], checkpoint: Checkpoint,
-              children: dict[str, RunInfo]) -> dict[str, Any]:
-    """A run as ``runs show --json`` prints it (the web view's JSON too): run, checkpoint, children, failure."""
+              children: dict[str, RunInfo], now: float) -> dict[str, Any]:
+    """A run as ``runs show --json`` prints it (the web view's JSON too): run, checkpoint (its pending effects as
+    :func:`effects_now` reads them at ``now``), children, failure."""
     failed, call = _failure(entries)
-    return {"run": msgspec.to_builtins(info), "checkpoint": msgspec.to_builtins(checkpoint),
+    shown = msgspec.to_builtins(checkpoint)
+    shown["pending_effects"] = effects_now(info, checkpoint.pending_effects, now)
+    return {"run": msgspec.to_builtins(info), "checkpoint": shown,
             "children": {key: msgspec.to_builtins(child) for key, child in children.items()},
             "failure": None if failed is None else {
                 "reason": failed.reason, "key": failed.key, "error_type": failed.error_type,
@@ -234,7 +237,7 @@ async def runs_show(args: argparse.Namespace) -> int:
     budget = budget_of(registry_of(args), info) if args.app else None
     failed, call = _failure(entries)
     if args.json:
-        shown = show_json(info, entries, checkpoint, children)
+        shown = show_json(info, entries, checkpoint, children, now)
         if args.app:
             shown["budget"] = budget_json(budget)
         emit_json(shown)

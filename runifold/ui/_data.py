@@ -117,8 +117,8 @@ async def run_page(store: WorkflowStore, registry: WorkflowRegistry | None, ref:
     entries = _entries(info, rows)
     checkpoint = fold(entries)
     children = await child_runs(store, checkpoint)
-    page = show_json(info, entries, checkpoint, children)
     now = await store.now()
+    page = show_json(info, entries, checkpoint, children, now)
     page.update(budget=budget_json(budget_of(registry, info)),
                 effects=effect_evidence(entries, effects_now(info, checkpoint.pending_effects, now)),
                 parent=checkpoint.parent_run_id, timeline=timeline(entries), now=now)

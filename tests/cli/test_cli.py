@@ -170,6 +170,8 @@ def test_runs_show_says_nothing_settles_an_effect_in_flight_when_its_run_was_can
     run_id = asyncio.run(started_then_cancelled())
     # while its worker holds the run it is running, not in doubt (helper-97: "in doubt" while its body ran)
     assert f"notify#1 is running (attempt 1, idempotency key {run_id}:notify#1)" in cli("runs", "show", "f1").stdout
+    shown = json.loads(cli("runs", "show", "f1", "--json").stdout)  # (helper-99: "in doubt" there)
+    assert shown["checkpoint"]["pending_effects"] == {"notify#1": "running"}
     assert cli("cancel", "f1", "--reason", "order withdrawn", "--by", "ops").returncode == 0
     show = cli("runs", "show", "f1").stdout
     assert f"notify#1 is in doubt (attempt 1, idempotency key {run_id}:notify#1)" in show, show
