@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from runifold.stores import WorkflowStore, open_store
 from runifold.stores._open import says_readonly, sqlite_path
 from runifold.stores._protocol import ref_column
 from runifold.worker import WorkflowRegistry
+from runifold.worker._values import MIN_LEASE, LeaseDuration
 
 DEFAULT_STORE = "sqlite:///runifold-workflows.db"
 
@@ -240,10 +242,13 @@ def seconds(value: str) -> float:
 
 
 def lease_seconds(value: str) -> float:
-    """An argparse type: a lease, at least 0.1 s (what LeaseDuration takes)."""
+    """An argparse type: a lease, as LeaseDuration takes it."""
     number = seconds(value)
-    if number < 0.1:
-        raise argparse.ArgumentTypeError(f"{value!r} is shorter than a lease may be: give at least 0.1 seconds")
+    try:
+        LeaseDuration(timedelta(seconds=number))
+    except ConfigurationError:
+        raise argparse.ArgumentTypeError(f"{value!r} is shorter than a lease may be: give at least "
+                                         f"{MIN_LEASE.total_seconds():g} seconds") from None
     return number
 
 

@@ -15,7 +15,7 @@ from typing import Any, final
 
 from runifold.dsl._concurrency import ConcurrencyLimit
 from runifold.errors import ConfigurationError, SerializationError
-from runifold.history import CHILD_SIGNAL_PREFIX, annotation_problem
+from runifold.history import CHILD_SIGNAL_PREFIX, Verdict, annotation_problem
 
 WORKFLOW_ATTR = "__runifold_workflow__"
 
@@ -117,7 +117,7 @@ class Evidence:
     detail: str = ""
 
     def __post_init__(self) -> None:
-        if self.verdict not in ("applied", "not_applied", "unknown"):
+        if self.verdict not in tuple(Verdict):
             raise ConfigurationError(f"Evidence takes the verdict 'applied', 'not_applied' or 'unknown' (make it with "
                                      f"Evidence.applied(result), Evidence.not_applied() or Evidence.unknown(why)), "
                                      f"got {self.verdict!r}")

@@ -35,15 +35,19 @@ class WorkerId:
         return self.value
 
 
+#: the shortest lease
+MIN_LEASE = timedelta(milliseconds=100)
+
+
 @final
 @dataclass(frozen=True)
 class LeaseDuration:
-    """How long a claim lasts without renewal (at least 100 ms)."""
+    """How long a claim lasts without renewal (at least :data:`MIN_LEASE`, 100 ms)."""
 
     value: timedelta
 
     def __post_init__(self) -> None:
-        if not isinstance(self.value, timedelta) or self.value < timedelta(milliseconds=100):
+        if not isinstance(self.value, timedelta) or self.value < MIN_LEASE:
             raise ConfigurationError(
                 f"invalid lease duration {self.value!r}: give a timedelta of at least 100 ms "
                 "(for example LeaseDuration(timedelta(seconds=30)))"
