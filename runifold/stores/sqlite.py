@@ -89,6 +89,8 @@ _json = msgspec.json.encode
 
 def _json_list(values: list[str] | None) -> str | None:
     return None if values is None else _json(values).decode()
+
+
 #: a run committing alone, directly, lets the event loop run other tasks at least this often, and whenever this
 #: long (seconds) has passed since it last did (a step that blocked the loop: see _write)
 DIRECT_WRITES_PER_YIELD, DIRECT_YIELD_AFTER = 8, 0.02

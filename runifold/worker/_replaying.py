@@ -359,6 +359,7 @@ class Replaying:
 
     @staticmethod
     def _ended_alike(failed: RunFailed, root: asyncio.Task[Any]) -> bool:
+        """The replayed workflow ended (raised, or its task was cancelled) as the live one did."""
         if failed.reason.startswith(WORKFLOW_RAISED):
             return not root.cancelled() and failed.error_type == type_name(root.exception())  # type: ignore[arg-type]
         return failed.reason == WORKFLOW_CANCELLED and root.cancelled()
