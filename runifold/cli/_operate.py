@@ -110,9 +110,16 @@ def _on_stop(supervisor: Supervisor, grace: float, log_format: str) -> None:
             say(True, "stopping now: in-flight runs are cancelled and their leases released")
 
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: int, frame: object) -> None:
+        # run by Python between two lines of code, even while a step blocks the event loop: no slot claims from
+        # now on, and the loop says so and stops the rest when it next turns
+        supervisor.stop_soon()
+        loop.call_soon_threadsafe(handle)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, handle)
+        with contextlib.suppress(ValueError):  # (not the main thread)
+            signal.signal(sig, on_signal)
 
 
 async def worker_cmd(args: argparse.Namespace) -> int:

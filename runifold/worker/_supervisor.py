@@ -69,6 +69,7 @@ class Supervisor:
         self.grace = grace.total_seconds()
         self._stopping = asyncio.Event()
         self._stop_now = asyncio.Event()
+        self._stop_asked = False  # (set by stop_soon, from a signal handler: no slot claims after it)
         # invariant: at most one idle slot waits on the store; a slot that claims work
         # kicks the next idle slot, so a burst fans out without a thundering herd
         self._poll_lock = asyncio.Lock()
@@ -86,6 +87,13 @@ class Supervisor:
         if now:
             self._stop_now.set()
         self._stopping.set()
+
+    def stop_soon(self) -> None:
+        """Claim no more runs from now on; safe in a signal handler, which Python runs between two lines of code
+        even while a step blocks the event loop (:meth:`stop`, called on the loop, does the rest). A worker whose
+        async steps block the loop past their lease would otherwise go on taking its own runs over from itself,
+        and the loop never get to the stop (helper-98)."""
+        self._stop_asked = True
 
     def _on_signal(self) -> None:
         # the first signal stops gracefully, a second one stops at once
@@ -128,11 +136,11 @@ class Supervisor:
 
     async def _slot(self, index: int) -> None:
         failures = 0
-        while not self._stopping.is_set():
+        while not (self._stopping.is_set() or self._stop_asked):
             claim: Claim | None = None
             try:
                 claim = await self.worker._claim()
-                if claim is not None and self._stopping.is_set():
+                if claim is not None and (self._stopping.is_set() or self._stop_asked):
                     await self.worker.store.release(claim.lease)  # claimed as the stop came: hand it back
                     break
                 if claim is not None:

@@ -104,6 +104,18 @@ async def timeboxed(ctx: WorkflowContext, n: int) -> int:
     return n
 
 
+@step()
+async def blocks_the_loop(tag: str) -> str:
+    (_dir() / f"blocking-{tag}-{time.monotonic_ns()}").touch()
+    time.sleep(float(os.environ.get("RUNIFOLD_TEST_BLOCK", "0")))  # a mistake: blocking in an async def
+    return tag
+
+
+@workflow("blocking")
+async def blocking_wf(ctx: WorkflowContext, tag: str) -> list[str]:
+    return [await blocks_the_loop(f"{tag}-{i}") for i in range(3)]
+
+
 DEFINITIONS = [
     WorkflowDefinition(steps),
     WorkflowDefinition(gated, signals={"approval": {"alice"}}),
@@ -112,6 +124,7 @@ DEFINITIONS = [
     WorkflowDefinition(fragile_wf),
     WorkflowDefinition(slow_thread_wf),
     WorkflowDefinition(timeboxed, Budget(max_elapsed=timedelta(hours=1))),
+    WorkflowDefinition(blocking_wf),
 ]
 registry = WorkflowRegistry(*DEFINITIONS)
 

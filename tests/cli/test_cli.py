@@ -259,6 +259,30 @@ async def test_sigterm_releases_in_flight_runs(any_cli: Cli) -> None:
         await store.close()
 
 
+def test_sigterm_stops_a_worker_whose_async_steps_block_the_loop_past_their_lease(cli: Cli) -> None:
+    """helper-98: async steps that block the event loop for longer than the lease: the worker's slots took the run
+    over from each other (the lease expired while the loop was blocked) and the SIGTERM handler never ran, so
+    the worker ran on until SIGKILL (60 s in the report). The signal now stops all claiming at once."""
+    assert cli("enqueue", "blocking", "1", "--input", '{"tag": "b"}', "--checkpoint-id", "b1").returncode == 0
+    worker = cli.spawn("worker", "--lease", "0.5", "--grace", "1", "--worker-id", "blocked",
+                       env={"RUNIFOLD_TEST_BLOCK": "1.5"})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(cli.tmp.glob("blocking-*"))) < 2:  # taken over once already: the lease ran out
+            assert time.monotonic() < deadline and worker.poll() is None
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        started = len(list(cli.tmp.glob("blocking-*")))
+        out, err = worker.communicate(timeout=30)  # (before the fix: never, until SIGKILL)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 0 and "stopping: in-flight runs get up to 1 s" in err, (out, err)
+    # no slot took the run again after the signal: at most the step in flight when it came ran on
+    assert len(list(cli.tmp.glob("blocking-*"))) <= started + 1
+
+
 def test_signals_after_the_worker_has_stopped_change_nothing(cli: Cli) -> None:
     """A second SIGTERM sent just after the first, once the worker has stopped, killed it during Python's exit
     (status -15 after "worker ... stopped"): it is ignored, and the worker exits 0 (helper-51)."""
