@@ -489,5 +489,5 @@ def _moved(failed: RunFailed | None, root: asyncio.Task[Any]) -> str:
     if raised == failed.error_type or raised.rpartition(".")[2] != failed.error_type.rpartition(".")[2]:
         return ""
     return (f"the live run raised {failed.error_type}, the replay {raised}: an exception's class is compared by its "
-            f"module and name, so a class moved to another module is another class; define it where it was, or "
+            f"module and qualified name, so a class moved elsewhere is another class; define it where it was, or "
             f"register the change as a new version")

@@ -115,8 +115,8 @@ async def test_a_failed_run_replays_clean_only_against_code_that_fails_the_same_
     assert not report.clean
     assert verdict(report).endswith(
         recorded + "a workflow that raised KeyError: 'missing' (the live run raised KeyError, the replay "
-        "billing.errors.KeyError: an exception's class is compared by its module and name, so a class moved to "
-        "another module is another class; define it where it was, or register the change as a new version)"), (
+        "billing.errors.KeyError: an exception's class is compared by its module and qualified name, so a class "
+        "moved elsewhere is another class; define it where it was, or register the change as a new version)"), (
         verdict(report))
 
 
