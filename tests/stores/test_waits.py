@@ -381,15 +381,17 @@ async def runs_one_second() -> str:
     return "ran"
 
 
+async def go_or_timed_out(ctx: WorkflowContext) -> str:
+    """The "go" signal's payload if it came within 400 ms, else "timed out"."""
+    try:
+        return str(await ctx.wait_signal("go", timeout=timedelta(milliseconds=400)))
+    except WaitTimeoutError:
+        return "timed out"
+
+
 @workflow("deadline-beside-a-body")
 async def deadline_beside_a_body(ctx: WorkflowContext) -> list[str]:
-    async def waits() -> str:
-        try:
-            return await ctx.wait_signal("go", timeout=timedelta(milliseconds=400))
-        except WaitTimeoutError:
-            return "timed out"
-
-    return list(await asyncio.gather(waits(), runs_one_second()))
+    return list(await asyncio.gather(go_or_timed_out(ctx), runs_one_second()))
 
 
 @pytest.mark.parametrize("at", [0.1, 0.6], ids=["before-the-deadline", "after-the-deadline"])
@@ -421,13 +423,7 @@ async def held_the_first_time() -> str:
 
 @workflow("deadline-beside-a-held-body")
 async def deadline_beside_a_held_body(ctx: WorkflowContext) -> list[str]:
-    async def waits() -> str:
-        try:
-            return await ctx.wait_signal("go", timeout=timedelta(milliseconds=400))
-        except WaitTimeoutError:
-            return "timed out"
-
-    return list(await asyncio.gather(waits(), held_the_first_time()))
+    return list(await asyncio.gather(go_or_timed_out(ctx), held_the_first_time()))
 
 
 async def test_a_wait_deadline_is_recorded_before_a_body_beside_it_is_waited_for(store: Any) -> None:
